@@ -1,0 +1,113 @@
+"""Configuration dataclasses. Each validates its fields and raises ``ValueError``
+naming the field; none is mutated after construction."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and how.
+
+    Attributes:
+        model: path to a local HF model directory (config.json, *.safetensors,
+            tokenizer files).
+        dtype: ``auto`` (the checkpoint's ``torch_dtype``), ``float32``,
+            ``bfloat16`` or ``float16``.
+        max_model_len: context length in tokens (prompt + output); ``None``
+            means the model's ``max_position_embeddings`` (further capped by
+            the KV cache size).
+        served_model_name: name reported by /v1/models; defaults to the
+            directory name.
+        device: torch device string (``cpu``; ``cuda`` in the GPU issue).
+    """
+
+    model: str
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    served_model_name: str | None = None
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache size and shape.
+
+    Attributes:
+        block_size: tokens per KV block (8, 16 or 32 are tested).
+        num_kv_blocks: number of blocks per layer; if ``None``, derived from
+            ``kv_cache_memory``.
+        kv_cache_memory: bytes for the whole KV cache (all layers, K and V).
+    """
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size > 256:
+            raise ValueError(f"block_size must be in [1, 256], got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory < 1:
+            raise ValueError(f"kv_cache_memory must be >= 1 byte, got {self.kv_cache_memory}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Which scheduling policy and its per-step limits.
+
+    Attributes:
+        scheduler: name of a policy registered under the entry-point group
+            ``paternoster.schedulers`` (e.g. ``fcfs``).
+        max_num_seqs: most requests in one step.
+        max_num_batched_tokens: token budget of one step (sum of
+            ``num_scheduled_tokens``).
+        policy_config: policy-specific options (JSON object).
+    """
+
+    scheduler: str = "fcfs"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    policy_config: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine process needs (sent to it as a msgpack map)."""
+
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    num_threads: int = 1
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EngineConfig:
+        return cls(
+            model=ModelConfig(**d["model"]),
+            cache=CacheConfig(**d.get("cache", {})),
+            scheduler=SchedulerConfig(**d.get("scheduler", {})),
+            num_threads=int(d.get("num_threads", 1)),
+            seed=int(d.get("seed", 0)),
+        )

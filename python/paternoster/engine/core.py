@@ -1,0 +1,243 @@
+"""EngineCore: the step loop that ties scheduler, C++ batch builder and model together."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from paternoster import _core
+from paternoster.config import EngineConfig
+from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
+from paternoster.model.runner import ModelRunner
+from paternoster.model.sampler import Sampler
+from paternoster.request import Request
+from paternoster.scheduling.output import SchedulerOutput
+from paternoster.scheduling.registry import load_scheduler_class
+
+logger = logging.getLogger(__name__)
+
+STEP_LOG_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one engine step ran.
+
+    Attributes:
+        step: step index (0-based, counts steps that ran a forward pass).
+        start: ``time.monotonic()`` seconds when the step began.
+        duration: wall seconds of the whole step.
+        overhead: seconds spent outside the forward pass and sampling
+            (schedule + batch build + update).
+        scheduled: ``(request_id, num_scheduled_tokens)`` per request, batch order.
+        num_preempted: requests preempted while planning this step.
+    """
+
+    step: int
+    start: float
+    duration: float
+    overhead: float
+    scheduled: tuple[tuple[str, int], ...]
+    num_preempted: int
+
+
+class EngineCore:
+    """Owns the model, the paged KV cache and the scheduler; runs one step at a time.
+
+    Args:
+        config: model, cache and scheduler settings.
+        model_runner: an already built runner (tests); built from ``config`` if None.
+    Raises:
+        ValueError: unknown scheduler name, unsupported architecture, bad sizes.
+    """
+
+    def __init__(self, config: EngineConfig, model_runner: ModelRunner | None = None) -> None:
+        torch.set_num_threads(config.num_threads)
+        _core.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.runner = model_runner or ModelRunner(config.model, config.cache)
+        self.sampler = Sampler()
+        self.max_model_len = self.runner.max_model_len
+        self.kv_cache_manager = _core.KVCacheManager(
+            self.runner.num_kv_blocks, self.runner.block_size
+        )
+        self.batch_builder = _core.BatchBuilder(self.kv_cache_manager)
+        scheduler_cls = load_scheduler_class(config.scheduler.scheduler)
+        sched_config = config.scheduler
+        if (
+            not scheduler_cls.supports_chunked_prefill
+            and sched_config.max_num_batched_tokens < self.max_model_len
+        ):
+            logger.warning(
+                "scheduler %r keeps prompts whole: raising max_num_batched_tokens from %d to "
+                "max_model_len (%d)",
+                sched_config.scheduler,
+                sched_config.max_num_batched_tokens,
+                self.max_model_len,
+            )
+            sched_config = dataclasses.replace(
+                sched_config, max_num_batched_tokens=self.max_model_len
+            )
+        self.scheduler = scheduler_cls(
+            sched_config, self.kv_cache_manager, self.batch_builder, self.max_model_len
+        )
+        self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG_SIZE)
+        self._num_steps = 0
+        name = config.model.served_model_name or str(config.model.model).rstrip("/").split("/")[-1]
+        self.info = {
+            "model": name,
+            "model_dir": str(config.model.model),
+            "max_model_len": self.max_model_len,
+            "num_kv_blocks": self.runner.num_kv_blocks,
+            "block_size": self.runner.block_size,
+            "eos_token_id": self.runner.eos_token_id,
+            "vocab_size": self.runner.vocab_size,
+            "scheduler": sched_config.scheduler,
+        }
+
+    # --------------------------------------------------------------- requests
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a tokenized request.
+
+        Raises:
+            ValueError: empty prompt, token id outside the vocabulary, ``n != 1``,
+                prompt (+ ``max_tokens``) longer than ``max_model_len``, or a
+                duplicate live ``request_id``.
+        """
+        ids = request.prompt_token_ids
+        params = request.sampling_params
+        if not ids:
+            raise ValueError("prompt must contain at least one token")
+        vocab = self.runner.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if params.n != 1:
+            raise ValueError("the engine takes n=1 requests; the frontend fans out n > 1")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt is {len(ids)} tokens; max_model_len is {self.max_model_len} "
+                "(prompt plus at least one output token must fit)"
+            )
+        room = self.max_model_len - len(ids)
+        if params.max_tokens is not None and params.max_tokens > room:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"max_model_len ({self.max_model_len})"
+            )
+        req = Request(
+            request_id=request.request_id,
+            prompt_token_ids=list(ids),
+            sampling_params=params,
+            eos_token_id=self.runner.eos_token_id,
+            priority=request.priority,
+            max_tokens=params.max_tokens if params.max_tokens is not None else room,
+        )
+        self.scheduler.add_request(req)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
+        """Abort live requests (waiting, running or preempted); unknown ids are ignored.
+
+        Returns:
+            A final output (``finish_reason="abort"``) for each aborted request.
+        """
+        aborted = self.scheduler.abort_requests(request_ids)
+        return [
+            EngineCoreOutput(
+                request_id=r.request_id,
+                new_token_ids=[],
+                finish_reason="abort",
+                num_prompt_tokens=r.num_prompt_tokens,
+            )
+            for r in aborted
+        ]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ------------------------------------------------------------------- step
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Run one step: schedule, build the batch, forward, sample, update.
+
+        Returns:
+            Outputs for the requests that got a token (or finished) this step.
+        """
+        t0 = time.monotonic()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        batch, rows = self._build_batch(plan)
+        t1 = time.monotonic()
+        sampled: dict[int, int] = {}
+        if len(rows):
+            logits = self.runner.execute_model(batch)
+            reqs = [plan.scheduled[i] for i in rows]
+            tokens = self.sampler.sample(
+                logits, [r.sampling_params for r in reqs], [r.generator for r in reqs]
+            )
+            sampled = dict(zip(rows.tolist(), tokens.tolist()))
+        else:
+            self.runner.execute_model(batch)
+        t2 = time.monotonic()
+        outputs = self.scheduler.update_from_output(plan, sampled)
+        t3 = time.monotonic()
+        self._record(plan, t0, t3, (t1 - t0) + (t3 - t2))
+        return outputs
+
+    def _build_batch(self, plan: SchedulerOutput) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Flat batch arrays plus the rows whose prefill completes (they sample)."""
+        ids, computed, scheduled = plan.batch_arrays()
+        batch = self.batch_builder.build(ids, computed, scheduled)
+        num_tokens = np.fromiter((r.num_tokens for r in plan.scheduled), np.int64, len(ids))
+        rows = np.nonzero(computed.astype(np.int64) + scheduled == num_tokens)[0]
+        batch["logits_indices"] = batch["logits_indices"][rows]
+        return batch, rows
+
+    def _record(self, plan: SchedulerOutput, start: float, end: float, overhead: float) -> None:
+        self.step_log.append(
+            StepRecord(
+                step=self._num_steps,
+                start=start,
+                duration=end - start,
+                overhead=overhead,
+                scheduled=tuple(
+                    (r.request_id, n) for r, n in zip(plan.scheduled, plan.num_scheduled_tokens)
+                ),
+                num_preempted=len(plan.preempted),
+            )
+        )
+        self._num_steps += 1
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict:
+        """Counters for /health, metrics and tests.
+
+        Returns:
+            ``num_running``, ``num_waiting`` (requests), ``kv_cache_usage``
+            (fraction of blocks in use), ``num_free_blocks``, ``num_kv_blocks``
+            (blocks), ``num_preemptions_total``, ``num_steps``.
+        """
+        kv = self.kv_cache_manager
+        return {
+            "num_running": self.scheduler.num_running,
+            "num_waiting": self.scheduler.num_waiting,
+            "kv_cache_usage": kv.usage(),
+            "num_free_blocks": kv.num_free_blocks(),
+            "num_kv_blocks": kv.num_blocks(),
+            "num_preemptions_total": self.scheduler.num_preemptions_total,
+            "num_steps": self._num_steps,
+        }
+
+    def shutdown(self) -> None:
+        """Abort everything still live (frees all KV blocks)."""
+        self.abort_requests(list(self.scheduler.requests))

@@ -1,0 +1,288 @@
+"""The Scheduler base class: queues, KV allocation, preemption and stop checks.
+
+A policy (a subclass registered under the entry-point group
+``paternoster.schedulers``) decides order, admission and victims through a few
+hooks; the base class owns the bookkeeping. The loop follows iteration-level
+scheduling (Orca, Yu et al., OSDI'22) with one token budget per step for
+prefill and decode alike (vLLM v1): every request has ``num_computed_tokens``
+chasing ``num_tokens``, and a step hands out up to ``max_num_batched_tokens``
+tokens to at most ``max_num_seqs`` requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from paternoster.config import SchedulerConfig
+from paternoster.engine.messages import EngineCoreOutput
+from paternoster.request import Request, RequestStatus
+from paternoster.scheduling.output import SchedulerOutput
+
+SCHEDULER_API_VERSION = 1
+
+
+class Scheduler:
+    """Base class of scheduling policies.
+
+    Subclasses override the hooks :meth:`num_tokens_to_schedule`,
+    :meth:`select_victim` and :meth:`enqueue_waiting`; the base class keeps the
+    queues (``waiting``, ``running``), allocates KV slots through the C++
+    ``KVCacheManager`` (all or nothing), preempts by recompute when blocks run
+    out, appends sampled tokens, checks stop conditions (EOS, stop token ids,
+    ``max_tokens``, ``max_model_len``) and frees finished requests' blocks.
+
+    Args:
+        config: per-step limits and the policy's own options.
+        kv_cache_manager: ``paternoster._core.KVCacheManager`` (or anything with
+            ``allocate_slots(id, num_tokens) -> bool`` and ``free(id)``).
+        batch_builder: ``paternoster._core.BatchBuilder`` holding each
+            request's token ids (``add_request``, ``append_tokens``,
+            ``remove_request``).
+        max_model_len: context length in tokens (prompt + output).
+    """
+
+    #: Version of the plugin contract this class implements (docs/schedulers.md).
+    api_version: int = SCHEDULER_API_VERSION
+    #: Whether the policy may split a prompt across steps. Policies that keep
+    #: prompts whole need a token budget of at least ``max_model_len``.
+    supports_chunked_prefill: bool = False
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager,
+        batch_builder,
+        max_model_len: int,
+    ) -> None:
+        if not self.supports_chunked_prefill and config.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({max_model_len}) for a scheduler that keeps prompts whole"
+            )
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.batch_builder = batch_builder
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions_total = 0
+        self._ids = itertools.count()
+
+    # ----------------------------------------------------------------- queues
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request.
+
+        Raises:
+            ValueError: a live request already has this ``request_id``.
+        """
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        request.internal_id = next(self._ids)
+        request.status = RequestStatus.WAITING
+        self.batch_builder.add_request(request.internal_id, request.prompt_token_ids)
+        self.requests[request.request_id] = request
+        self.enqueue_waiting(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        """Abort live requests; unknown or finished ids are ignored.
+
+        Returns:
+            The aborted requests (status ``FINISHED_ABORTED``; blocks freed).
+        """
+        aborted = []
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request in self.running:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+            aborted.append(request)
+        return aborted
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---------------------------------------------------------- policy hooks
+
+    def enqueue_waiting(self, request: Request) -> None:
+        """Put a new request into ``waiting`` (FCFS: at the back)."""
+        self.waiting.append(request)
+
+    def requeue_preempted(self, request: Request) -> None:
+        """Put a preempted request back into ``waiting`` (default: at the front)."""
+        self.waiting.appendleft(request)
+
+    def num_tokens_to_schedule(self, request: Request, token_budget: int) -> int:
+        """How many of ``request``'s uncomputed tokens to compute this step.
+
+        Args:
+            request: a running or waiting request.
+            token_budget: tokens still free in this step (>= 1).
+        Returns:
+            A count in ``[0, request.num_tokens - request.num_computed_tokens]``
+            and ``<= token_budget``; 0 means "not this step". The default keeps
+            prompts whole: all remaining tokens if they fit the budget, else 0.
+        """
+        remaining = request.num_tokens - request.num_computed_tokens
+        return remaining if remaining <= token_budget else 0
+
+    def select_victim(self, running: Sequence[Request]) -> Request:
+        """Choose the running request to preempt when KV blocks run out.
+
+        Args:
+            running: candidates, in admission order (non-empty).
+        Returns:
+            One of ``running``. The default takes the most recently admitted.
+        """
+        return running[-1]
+
+    # -------------------------------------------------------------- the step
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step: running requests first, then admissions from waiting."""
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        kept: list[Request] = []
+        queue = deque(self.running)
+        while queue and budget > 0:
+            request = queue.popleft()
+            num_new = self.num_tokens_to_schedule(request, budget)
+            if num_new <= 0:
+                kept.append(request)
+                continue
+            while not self._allocate(request, num_new):
+                candidates = [*kept, *queue]
+                victim = self.select_victim(candidates) if candidates else request
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+                if victim in queue:
+                    queue.remove(victim)
+                else:
+                    kept.remove(victim)
+                    if victim in out.scheduled:
+                        idx = out.scheduled.index(victim)
+                        budget += out.num_scheduled_tokens.pop(idx)
+                        out.scheduled.pop(idx)
+            else:
+                kept.append(request)
+                out.add(request, num_new)
+                budget -= num_new
+        self.running = kept + list(queue)
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            num_new = self.num_tokens_to_schedule(request, budget)
+            if num_new <= 0 or not self._allocate(request, num_new):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.add(request, num_new)
+            budget -= num_new
+
+    def _allocate(self, request: Request, num_new: int) -> bool:
+        return self.kv_cache_manager.allocate_slots(
+            request.internal_id, request.num_computed_tokens + num_new
+        )
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Preempt by recompute: free the blocks, keep every token, requeue."""
+        self.kv_cache_manager.free(request.internal_id)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        out.preempted.append(request)
+        self.requeue_preempted(request)
+
+    # ------------------------------------------------------------ the update
+
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: dict[int, int]
+    ) -> list[EngineCoreOutput]:
+        """Advance progress, append sampled tokens, check stops, free finished.
+
+        Args:
+            out: the plan this step ran.
+            sampled: ``{row index in out.scheduled: sampled token id}`` for the
+                rows whose prefill completed this step (the others computed a
+                prompt chunk and sample nothing).
+        Returns:
+            One output per request that got a token this step.
+        """
+        outputs: list[EngineCoreOutput] = []
+        grown_ids: list[int] = []
+        grown_tokens: list[int] = []
+        for row, (request, num_new) in enumerate(zip(out.scheduled, out.num_scheduled_tokens)):
+            request.num_computed_tokens += num_new
+            token = sampled.get(row)
+            if token is None:
+                continue
+            request.output_token_ids.append(token)
+            status = self._check_stop(request, token)
+            if status is None:
+                grown_ids.append(request.internal_id)
+                grown_tokens.append(token)
+            else:
+                self.running.remove(request)
+                self._finish(request, status)
+            outputs.append(self._make_output(request, [token]))
+        if grown_ids:
+            self.batch_builder.append_tokens(
+                np.asarray(grown_ids, dtype=np.int64), np.asarray(grown_tokens, dtype=np.int64)
+            )
+        return outputs
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if not params.ignore_eos and token == request.eos_token_id:
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        if request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        self.kv_cache_manager.free(request.internal_id)
+        self.batch_builder.remove_request(request.internal_id)
+        del self.requests[request.request_id]
+
+    @staticmethod
+    def _make_output(request: Request, new_token_ids: list[int]) -> EngineCoreOutput:
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=new_token_ids,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason if request.is_finished else None,
+            num_prompt_tokens=request.num_prompt_tokens,
+        )
