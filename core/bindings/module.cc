@@ -1,0 +1,233 @@
+// pybind11 module paternoster._core: the only Python-aware C++ in the project.
+// Signatures and full docs: python/paternoster/_core.pyi.
+//
+// Error mapping: std::invalid_argument -> ValueError, OutOfBlocks ->
+// paternoster._core.OutOfBlocksError (a RuntimeError).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "paternoster/attention.h"
+#include "paternoster/batch_builder.h"
+#include "paternoster/block_pool.h"
+#include "paternoster/kv_cache_manager.h"
+#include "paternoster/thread_pool.h"
+
+namespace py = pybind11;
+using namespace paternoster;
+
+namespace {
+
+template <typename T>
+using Arr = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+// A 1-D array of T from any array-like (list, numpy array of another integer
+// dtype); ValueError naming `name` otherwise.
+template <typename T>
+Arr<T> as_1d(const py::handle& obj, const char* name) {
+  Arr<T> a;
+  try {
+    a = Arr<T>::ensure(obj);
+  } catch (py::error_already_set&) {
+    throw std::invalid_argument(std::string(name) + " must be a 1-D integer array");
+  }
+  if (!a || a.ndim() != 1) {
+    throw std::invalid_argument(std::string(name) + " must be a 1-D integer array");
+  }
+  return a;
+}
+
+std::vector<int32_t> block_ids(const py::handle& obj) {
+  auto a = as_1d<int64_t>(obj, "block_ids");
+  std::vector<int32_t> ids(static_cast<size_t>(a.shape(0)));
+  const int64_t* p = a.data();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (p[i] < std::numeric_limits<int32_t>::min() || p[i] > std::numeric_limits<int32_t>::max()) {
+      throw std::invalid_argument("block id " + std::to_string(p[i]) + " out of range");
+    }
+    ids[i] = static_cast<int32_t>(p[i]);
+  }
+  return ids;
+}
+
+template <typename T>
+py::array_t<T> to_numpy(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a;
+}
+
+py::dict build_batch(const BatchBuilder& bb, const py::handle& req_ids_obj,
+                     const py::handle& computed_obj, const py::handle& scheduled_obj) {
+  auto req_ids = as_1d<int64_t>(req_ids_obj, "req_ids");
+  auto computed = as_1d<int32_t>(computed_obj, "num_computed_tokens");
+  auto scheduled = as_1d<int32_t>(scheduled_obj, "num_scheduled_tokens");
+  const py::ssize_t n = req_ids.shape(0);
+  if (computed.shape(0) != n || scheduled.shape(0) != n) {
+    throw std::invalid_argument(
+        "req_ids, num_computed_tokens and num_scheduled_tokens must have the same length");
+  }
+  py::dict result;
+  bb.build_into(req_ids.data(), computed.data(), scheduled.data(), n,
+                [&result](const BatchShape& s) {
+                  py::array_t<int64_t> input_ids(s.num_tokens), positions(s.num_tokens),
+                      slot_mapping(s.num_tokens), logits_indices(s.num_seqs);
+                  py::array_t<int32_t> block_tables({s.num_seqs, s.max_blocks}),
+                      seq_lens(s.num_seqs), query_start_loc(s.num_seqs + 1);
+                  BatchBuffers buf{input_ids.mutable_data(),    positions.mutable_data(),
+                                   slot_mapping.mutable_data(), block_tables.mutable_data(),
+                                   seq_lens.mutable_data(),     query_start_loc.mutable_data(),
+                                   logits_indices.mutable_data()};
+                  result["input_ids"] = input_ids;
+                  result["positions"] = positions;
+                  result["slot_mapping"] = slot_mapping;
+                  result["block_tables"] = block_tables;
+                  result["seq_lens"] = seq_lens;
+                  result["query_start_loc"] = query_start_loc;
+                  result["logits_indices"] = logits_indices;
+                  return buf;
+                });
+  return result;
+}
+
+void append_tokens(BatchBuilder& bb, const py::handle& req_ids_obj, const py::handle& tokens_obj) {
+  auto req_ids = as_1d<int64_t>(req_ids_obj, "req_ids");
+  const py::ssize_t n = req_ids.shape(0);
+  auto check_len = [n](py::ssize_t m) {
+    if (m != n) throw std::invalid_argument("req_ids and token_ids must have the same length");
+  };
+  if (py::isinstance<py::array_t<int32_t>>(tokens_obj)) {
+    auto tokens = as_1d<int32_t>(tokens_obj, "token_ids");
+    check_len(tokens.shape(0));
+    bb.append_tokens(req_ids.data(), tokens.data(), n);
+  } else {
+    auto tokens = as_1d<int64_t>(tokens_obj, "token_ids");
+    check_len(tokens.shape(0));
+    bb.append_tokens(req_ids.data(), tokens.data(), n);
+  }
+}
+
+template <typename T>
+T* ptr(uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() =
+      "Paternoster C++ core: KV block pool, KV cache manager, batch builder and CPU paged "
+      "attention kernels. See paternoster/_core.pyi.";
+
+  py::register_exception<OutOfBlocks>(m, "OutOfBlocksError", PyExc_RuntimeError);
+
+  py::enum_<DType>(m, "DType", "Element type of attention tensors.")
+      .value("float32", DType::kFloat32)
+      .value("bfloat16", DType::kBFloat16);
+
+  py::class_<BlockPool>(m, "BlockPool", "Fixed pool of reference-counted KV blocks.")
+      .def(py::init<int64_t>(), py::arg("num_blocks"))
+      .def("allocate", &BlockPool::allocate, py::arg("n"),
+           "Take n free blocks (ref count 1), all or nothing; OutOfBlocksError if too few.")
+      .def("can_allocate", &BlockPool::can_allocate, py::arg("n"))
+      .def("free", [](BlockPool& p, const py::handle& ids) { p.free(block_ids(ids)); },
+           py::arg("block_ids"), "Drop one reference per listed block.")
+      .def("incr_ref", [](BlockPool& p, const py::handle& ids) { p.incr_ref(block_ids(ids)); },
+           py::arg("block_ids"), "Add one reference per listed (in-use) block.")
+      .def("ref_count", &BlockPool::ref_count, py::arg("block_id"))
+      .def("num_blocks", &BlockPool::num_blocks)
+      .def("num_free_blocks", &BlockPool::num_free_blocks)
+      .def("usage", &BlockPool::usage);
+
+  py::class_<KVCacheManager>(m, "KVCacheManager", "Per-request block tables over a BlockPool.")
+      .def(py::init<int64_t, int64_t>(), py::arg("num_blocks"), py::arg("block_size"))
+      .def("num_required_blocks", &KVCacheManager::num_required_blocks, py::arg("req_id"),
+           py::arg("num_tokens"))
+      .def("can_allocate", &KVCacheManager::can_allocate, py::arg("req_id"), py::arg("num_tokens"))
+      .def("allocate_slots", &KVCacheManager::allocate_slots, py::arg("req_id"),
+           py::arg("num_tokens"))
+      .def("free", &KVCacheManager::free, py::arg("req_id"))
+      .def(
+          "block_table",
+          [](const KVCacheManager& kv, int64_t req_id) { return to_numpy(kv.block_table(req_id)); },
+          py::arg("req_id"))
+      .def("has_request", &KVCacheManager::has_request, py::arg("req_id"))
+      .def("num_requests", &KVCacheManager::num_requests)
+      .def("num_free_blocks", &KVCacheManager::num_free_blocks)
+      .def("num_blocks", &KVCacheManager::num_blocks)
+      .def("block_size", &KVCacheManager::block_size)
+      .def("usage", &KVCacheManager::usage);
+
+  py::class_<BatchBuilder>(m, "BatchBuilder", "Token store and step-batch flattener.")
+      .def(py::init<const KVCacheManager&>(), py::arg("kv_cache_manager"), py::keep_alive<1, 2>())
+      .def(
+          "add_request",
+          [](BatchBuilder& bb, int64_t req_id, const py::handle& tokens) {
+            auto a = as_1d<int64_t>(tokens, "token_ids");
+            bb.add_request(req_id, a.data(), a.shape(0));
+          },
+          py::arg("req_id"), py::arg("token_ids"))
+      .def("append_tokens", &append_tokens, py::arg("req_ids"), py::arg("token_ids"))
+      .def("remove_request", &BatchBuilder::remove_request, py::arg("req_id"))
+      .def("num_tokens", &BatchBuilder::num_tokens, py::arg("req_id"))
+      .def("has_request", &BatchBuilder::has_request, py::arg("req_id"))
+      .def("num_requests", &BatchBuilder::num_requests)
+      .def(
+          "token_ids",
+          [](const BatchBuilder& bb, int64_t req_id) {
+            const auto* t = bb.find_tokens(req_id);
+            if (!t) throw std::invalid_argument("unknown request id " + std::to_string(req_id));
+            return to_numpy(*t);
+          },
+          py::arg("req_id"))
+      .def("build", &build_batch, py::arg("req_ids"), py::arg("num_computed_tokens"),
+           py::arg("num_scheduled_tokens"));
+
+  m.def("set_num_threads", &set_num_threads, py::arg("n"),
+        "Threads used by the CPU attention kernels (>= 1; default 1).");
+  m.def("get_num_threads", &get_num_threads);
+  m.def("attention_isa", &attention_isa, "SIMD variant of the attention kernel in use.");
+
+  m.def(
+      "_paged_attention_ptr",
+      [](uintptr_t out, uintptr_t query, uintptr_t key_cache, uintptr_t value_cache,
+         uintptr_t block_tables, uintptr_t seq_lens, uintptr_t query_start_loc, int64_t num_tokens,
+         int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+         int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq, double scale,
+         DType dtype) {
+        paged_attention(ptr<void>(out), ptr<const void>(query), ptr<const void>(key_cache),
+                        ptr<const void>(value_cache), ptr<const int32_t>(block_tables),
+                        ptr<const int32_t>(seq_lens), ptr<const int32_t>(query_start_loc),
+                        num_tokens, num_seqs, num_heads, num_kv_heads, head_size, num_blocks,
+                        block_size, max_blocks_per_seq, static_cast<float>(scale), dtype);
+      },
+      py::arg("out"), py::arg("query"), py::arg("key_cache"), py::arg("value_cache"),
+      py::arg("block_tables"), py::arg("seq_lens"), py::arg("query_start_loc"),
+      py::arg("num_tokens"), py::arg("num_seqs"), py::arg("num_heads"), py::arg("num_kv_heads"),
+      py::arg("head_size"), py::arg("num_blocks"), py::arg("block_size"),
+      py::arg("max_blocks_per_seq"), py::arg("scale"), py::arg("dtype"),
+      py::call_guard<py::gil_scoped_release>(),
+      "Paged attention on raw data pointers (see paternoster.ops.paged_attention).");
+
+  m.def(
+      "_reshape_and_cache_ptr",
+      [](uintptr_t key, uintptr_t value, uintptr_t key_cache, uintptr_t value_cache,
+         uintptr_t slot_mapping, int64_t num_tokens, int64_t num_kv_heads, int64_t head_size,
+         int64_t num_slots, DType dtype) {
+        reshape_and_cache(ptr<const void>(key), ptr<const void>(value), ptr<void>(key_cache),
+                          ptr<void>(value_cache), ptr<const int64_t>(slot_mapping), num_tokens,
+                          num_kv_heads, head_size, num_slots, dtype);
+      },
+      py::arg("key"), py::arg("value"), py::arg("key_cache"), py::arg("value_cache"),
+      py::arg("slot_mapping"), py::arg("num_tokens"), py::arg("num_kv_heads"),
+      py::arg("head_size"), py::arg("num_slots"), py::arg("dtype"),
+      py::call_guard<py::gil_scoped_release>(),
+      "Write K/V rows into cache slots on raw data pointers (see paternoster.ops).");
+}

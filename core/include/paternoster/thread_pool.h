@@ -1,0 +1,81 @@
+// A small persistent thread pool for the CPU kernels.
+//
+// std::thread only (no OpenMP: torch ships its own OpenMP runtime and two
+// runtimes on two cores fight). parallel_for hands out item indices through an
+// atomic counter, so uneven items balance dynamically; the calling thread works
+// too, so a pool of n threads starts n - 1 workers. The caller never waits for
+// a worker that has not woken up yet: it returns once every item is done and
+// no worker is inside the job. Workers sleep on a condition variable between
+// jobs (no spinning that would steal a core from torch). One parallel_for runs
+// at a time (concurrent callers queue on a mutex). After fork() the child
+// rebuilds its workers on first use.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace paternoster {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads = 1);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // Total threads used by parallel_for, including the caller (>= 1, else
+  // std::invalid_argument). Workers start lazily on the next parallel_for.
+  void set_num_threads(int n);
+  int num_threads() const { return num_threads_.load(); }
+
+  // Calls fn(i) once for every i in [0, n), spread over the pool; returns when
+  // all calls are done. If a call throws, the remaining items are skipped and
+  // the first exception is rethrown here.
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+
+ private:
+  // Everything the workers share. After fork() the child cannot reuse it (its
+  // mutexes and condition variables may record threads that do not exist
+  // there), so a fresh one replaces it and the old one is leaked.
+  struct Shared {
+    std::mutex call_mu;  // serialises parallel_for callers
+    std::mutex mu;       // guards the fields below except the atomics
+    std::condition_variable wake;
+    std::condition_variable idle;
+    bool stopping = false;
+    uint64_t generation = 0;  // bumped for every job
+    bool job_open = false;    // the current job may still have items
+    int active = 0;           // workers inside the current job
+    const std::function<void(int64_t)>* fn = nullptr;
+    int64_t num_items = 0;
+    std::atomic<int64_t> next_item{0};
+    std::atomic<bool> failed{false};
+    std::exception_ptr error;
+  };
+
+  void reset_after_fork();
+  void start_workers(int n);
+  void stop_workers();
+  static void worker_loop(Shared* sh);
+  static void run_items(Shared* sh, const std::function<void(int64_t)>& fn, int64_t n);
+
+  std::atomic<int> num_threads_;
+  std::atomic<long> owner_pid_;
+  Shared* shared_;  // owned; leaked in a forked child
+  std::vector<std::thread> workers_;
+};
+
+// The process-wide pool used by the attention kernels.
+ThreadPool& default_thread_pool();
+// Sets / reads default_thread_pool()'s thread count (default 1).
+void set_num_threads(int n);
+int get_num_threads();
+
+}  // namespace paternoster

@@ -1,0 +1,217 @@
+"""Type stubs for ``paternoster._core``, the pybind11 module over the C++ core
+(``core/``): KV block pool, KV cache manager, batch builder and the CPU
+paged-attention kernels.
+
+Block tables and the KV layout follow PagedAttention (Kwon et al., SOSP'23).
+Request ids are caller-chosen int64. Errors: ``ValueError`` for bad arguments
+(unknown request, double free, out-of-range id, bad shapes); ``OutOfBlocksError``
+when ``BlockPool.allocate`` asks for more blocks than are free. None of the
+classes is thread safe; use each from one thread.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray: TypeAlias = npt.ArrayLike
+"""Any 1-D integer array-like: a list of ints or a numpy integer array."""
+
+class OutOfBlocksError(RuntimeError):
+    """``BlockPool.allocate(n)`` with fewer than ``n`` free blocks (nothing was
+    allocated)."""
+
+class DType(enum.Enum):
+    """Element type of the attention tensors (bfloat16 is stored as uint16)."""
+
+    float32 = 0
+    bfloat16 = 1
+
+class BlockPool:
+    """A fixed set of KV cache blocks with reference counts.
+
+    Free blocks form an intrusive doubly linked list (O(1) take and return);
+    blocks are taken from the front and returned to the back, so the free list
+    is in least-recently-freed order. Block ids are in ``[0, num_blocks)``.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        """Args: num_blocks: number of blocks (>= 0). Raises ValueError if negative."""
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` free blocks, each with ref count 1, all or nothing.
+
+        Raises:
+            ValueError: ``n < 0``.
+            OutOfBlocksError: fewer than ``n`` blocks free (nothing allocated).
+        """
+    def can_allocate(self, n: int) -> bool:
+        """Whether ``allocate(n)`` would succeed."""
+    def free(self, block_ids: IntArray) -> None:
+        """Drop one reference per listed block (list a block k times to drop k
+        references); blocks reaching 0 go back to the free list.
+
+        Raises:
+            ValueError: an id out of range, or a block with no reference left
+                (double free). Then no ref count changes.
+        """
+    def incr_ref(self, block_ids: IntArray) -> None:
+        """Add one reference per listed block (sharing). Raises ValueError if an id
+        is out of range or a block is free (then nothing changes)."""
+    def ref_count(self, block_id: int) -> int:
+        """References held on a block (0 = free). Raises ValueError if out of range."""
+    def num_blocks(self) -> int:
+        """Total blocks."""
+    def num_free_blocks(self) -> int:
+        """Blocks with ref count 0."""
+    def usage(self) -> float:
+        """Fraction of blocks in use, in [0, 1] (0 for an empty pool)."""
+
+class KVCacheManager:
+    """Per-request block tables over a :class:`BlockPool`.
+
+    Token at position ``p`` of request ``r`` lives in block
+    ``block_table(r)[p // block_size]``, slot ``p % block_size``. Tables only grow
+    until the request is freed.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        """Args: num_blocks (>= 0) blocks of block_size (>= 1) tokens each.
+        Raises ValueError otherwise."""
+    def num_required_blocks(self, req_id: int, num_tokens: int) -> int:
+        """Blocks to add so the request has KV slots for its first ``num_tokens``
+        tokens: ``max(0, ceil(num_tokens / block_size) - len(table))`` (an unknown
+        request has an empty table). Raises ValueError if ``num_tokens < 0``."""
+    def can_allocate(self, req_id: int, num_tokens: int) -> bool:
+        """Whether ``allocate_slots(req_id, num_tokens)`` would succeed."""
+    def allocate_slots(self, req_id: int, num_tokens: int) -> bool:
+        """Grow the request's table to cover its first ``num_tokens`` tokens, all or
+        nothing: returns False (changing nothing) when too few blocks are free.
+        Creates the table if the request is new."""
+    def free(self, req_id: int) -> None:
+        """Return all the request's blocks to the pool and forget it (no-op if unknown)."""
+    def block_table(self, req_id: int) -> np.ndarray:
+        """A copy of the request's block table, int32 ``[num_blocks_of_request]``.
+        Raises ValueError if the request is unknown."""
+    def has_request(self, req_id: int) -> bool: ...
+    def num_requests(self) -> int:
+        """Requests with a table."""
+    def num_free_blocks(self) -> int: ...
+    def num_blocks(self) -> int: ...
+    def block_size(self) -> int:
+        """Tokens per block."""
+    def usage(self) -> float:
+        """KV cache usage: fraction of blocks in use, in [0, 1]."""
+
+class BatchBuilder:
+    """Keeps every live request's token ids and flattens a step's schedule into
+    the arrays the forward pass needs, with no per-token Python work.
+
+    Block tables come from the :class:`KVCacheManager` given at construction
+    (kept alive by this object).
+    """
+
+    def __init__(self, kv_cache_manager: KVCacheManager) -> None: ...
+    def add_request(self, req_id: int, token_ids: IntArray) -> None:
+        """Register a request with its prompt token ids. Raises ValueError if the
+        id is already registered or ``token_ids`` is not 1-D."""
+    def append_tokens(self, req_ids: IntArray, token_ids: IntArray) -> None:
+        """Append ``token_ids[i]`` to request ``req_ids[i]`` for every i (one token
+        each; int64 ``[B]`` ids, int64 or int32 ``[B]`` tokens). Raises ValueError,
+        appending nothing, if an id is unknown or the lengths differ."""
+    def remove_request(self, req_id: int) -> None:
+        """Forget a request's tokens (no-op if unknown). Does not free KV blocks."""
+    def num_tokens(self, req_id: int) -> int:
+        """Tokens held (prompt + appended). Raises ValueError if unknown."""
+    def has_request(self, req_id: int) -> bool: ...
+    def num_requests(self) -> int: ...
+    def token_ids(self, req_id: int) -> np.ndarray:
+        """A copy of the request's tokens, int64. Raises ValueError if unknown."""
+    def build(
+        self, req_ids: IntArray, num_computed_tokens: IntArray, num_scheduled_tokens: IntArray
+    ) -> dict[str, np.ndarray]:
+        """Flatten one step: request ``req_ids[b]`` computes its tokens
+        ``num_computed_tokens[b] .. num_computed_tokens[b] + num_scheduled_tokens[b] - 1``.
+
+        Args:
+            req_ids: int64 ``[B]``, distinct.
+            num_computed_tokens: int32 ``[B]``, tokens whose KV is already cached.
+            num_scheduled_tokens: int32 ``[B]``, tokens to compute now (>= 1).
+
+        Returns:
+            With ``T = sum(num_scheduled_tokens)``, ``bs`` the block size and
+            ``M = max_b ceil(seq_lens[b] / bs)``:
+
+            - ``input_ids`` int64 ``[T]``: the scheduled tokens, concatenated.
+            - ``positions`` int64 ``[T]``: their positions in their sequence.
+            - ``slot_mapping`` int64 ``[T]``: ``table[pos // bs] * bs + pos % bs``.
+            - ``block_tables`` int32 ``[B, M]``: first ``ceil(seq_lens[b] / bs)``
+              blocks of each table, padded with 0.
+            - ``seq_lens`` int32 ``[B]``: ``num_computed + num_scheduled``.
+            - ``query_start_loc`` int32 ``[B + 1]``: offsets of each request's
+              first token in the flat arrays.
+            - ``logits_indices`` int64 ``[B]``: ``query_start_loc[1:] - 1``, the
+              row of each request's last scheduled token.
+
+        Raises:
+            ValueError: a request unknown (to this builder or the KV cache
+                manager) or listed twice, ``num_computed < 0``,
+                ``num_scheduled < 1``, fewer tokens held than ``seq_lens[b]``,
+                fewer KV slots allocated than ``seq_lens[b]``, or arrays of
+                different lengths.
+        """
+
+def set_num_threads(n: int) -> None:
+    """Threads (including the caller) the CPU attention kernels use; default 1.
+    A persistent pool of std::threads (not OpenMP). Raises ValueError if n < 1."""
+
+def get_num_threads() -> int:
+    """The value set by :func:`set_num_threads`."""
+
+def attention_isa() -> str:
+    """SIMD variant of the CPU attention kernel picked for this CPU: ``"avx512"``,
+    ``"avx2"`` or ``"baseline"`` (x86-64-v2); ``$PATERNOSTER_CPU_ISA`` can force a
+    lower one."""
+
+def _paged_attention_ptr(
+    out: int,
+    query: int,
+    key_cache: int,
+    value_cache: int,
+    block_tables: int,
+    seq_lens: int,
+    query_start_loc: int,
+    num_tokens: int,
+    num_seqs: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    num_blocks: int,
+    block_size: int,
+    max_blocks_per_seq: int,
+    scale: float,
+    dtype: DType,
+) -> None:
+    """Paged attention on raw CPU data pointers (contiguous layouts as documented
+    in :func:`paternoster.ops.paged_attention`). Releases the GIL. Checks sizes,
+    ``query_start_loc``, ``seq_lens`` and block ids against ``num_blocks``, raising
+    ValueError before writing; cannot check that the pointers are valid. Use
+    :func:`paternoster.ops.paged_attention` instead."""
+
+def _reshape_and_cache_ptr(
+    key: int,
+    value: int,
+    key_cache: int,
+    value_cache: int,
+    slot_mapping: int,
+    num_tokens: int,
+    num_kv_heads: int,
+    head_size: int,
+    num_slots: int,
+    dtype: DType,
+) -> None:
+    """Write K/V rows into cache slots on raw CPU data pointers; ``num_slots`` =
+    num_blocks * block_size bounds the slots (ValueError before writing). Releases
+    the GIL. Use :func:`paternoster.ops.reshape_and_cache` instead."""

@@ -1,0 +1,329 @@
+"""paternoster.ops.paged_attention / reshape_and_cache against a float64 numpy
+reference (gather K/V through the block table, causal mask, softmax)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from paternoster import _core, ops
+
+F32_TOL = 1e-5  # absolute, outputs are O(1)
+BF16_TOL = 2e-2  # relative to max |reference|; bf16 output rounding is 2^-8 = 0.4 %
+
+
+def reference_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale):
+    """Float64 paged causal attention, one sequence and head at a time."""
+    q, k_cache, v_cache = (np.asarray(x, dtype=np.float64) for x in (q, k_cache, v_cache))
+    num_tokens, num_heads, head_size = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = np.zeros_like(q)
+    for b, seq_len in enumerate(seq_lens):
+        start, end = qsl[b], qsl[b + 1]
+        q_len = end - start
+        positions = np.arange(seq_len)
+        slots_block = block_tables[b][positions // block_size]
+        keys = k_cache[slots_block, positions % block_size]  # [seq_len, Hkv, D]
+        values = v_cache[slots_block, positions % block_size]
+        for i in range(q_len):
+            pos = seq_len - q_len + i
+            for h in range(num_heads):
+                scores = keys[: pos + 1, h // group] @ q[start + i, h] * scale
+                p = np.exp(scores - scores.max())
+                out[start + i, h] = (p / p.sum()) @ values[: pos + 1, h // group]
+    return out
+
+
+def make_batch(rng, q_lens, context_lens, num_heads, num_kv_heads, head_size, block_size, dtype):
+    """Random cache + queries. Sequence b has q_len new tokens after
+    context_lens[b] cached ones; block tables are shuffled, non-contiguous."""
+    seq_lens = np.asarray(q_lens) + np.asarray(context_lens)
+    blocks_per_seq = -(-seq_lens // block_size)
+    num_blocks = int(blocks_per_seq.sum()) + 5
+    perm = rng.permutation(num_blocks).astype(np.int32)
+    max_blocks = int(blocks_per_seq.max())
+    tables = np.zeros((len(q_lens), max_blocks + 2), np.int32)  # extra unused columns
+    used = 0
+    for b, n in enumerate(blocks_per_seq):
+        tables[b, :n] = perm[used : used + n]
+        used += n
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    t = int(qsl[-1])
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_size).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_size).to(dtype)
+    query = torch.randn(t, num_heads, head_size).to(dtype)
+    return query, k_cache, v_cache, tables, seq_lens.astype(np.int32), qsl
+
+
+def run_and_compare(rng, q_lens, context_lens, hq, hkv, d, bs, dtype):
+    query, k_cache, v_cache, tables, seq_lens, qsl = make_batch(
+        rng, q_lens, context_lens, hq, hkv, d, bs, dtype
+    )
+    scale = d**-0.5
+    out = ops.paged_attention(
+        query,
+        k_cache,
+        v_cache,
+        torch.from_numpy(tables),
+        torch.from_numpy(seq_lens),
+        torch.from_numpy(qsl),
+        scale,
+    )
+    assert out.dtype == dtype and out.shape == query.shape
+    ref = reference_attention(
+        query.float().numpy(),
+        k_cache.float().numpy(),
+        v_cache.float().numpy(),
+        tables,
+        seq_lens,
+        qsl,
+        scale,
+    )
+    got = out.float().numpy()
+    if dtype == torch.float32:
+        np.testing.assert_allclose(got, ref, atol=F32_TOL, rtol=0)
+    else:
+        assert np.abs(got - ref).max() <= BF16_TOL * np.abs(ref).max()
+
+
+# q_lens / context_lens: a whole prompt (context 0), prefill chunks over cached
+# context, and decodes (q_len 1), all in one call.
+MIXED = ([1, 57, 1, 24, 1, 130, 3], [0, 0, 200, 40, 77, 16, 9])
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (9, 3), (4, 4), (6, 1)])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference_mixed_batch(heads, block_size, dtype):
+    rng = np.random.default_rng()
+    hq, hkv = heads
+    run_and_compare(rng, *MIXED, hq, hkv, 64, block_size, dtype)
+
+
+@pytest.mark.parametrize("head_size", [32, 40, 128])
+def test_other_head_sizes(head_size):
+    rng = np.random.default_rng()
+    run_and_compare(rng, [1, 20, 2], [33, 0, 17], 8, 2, head_size, 16, torch.float32)
+
+
+def test_random_lengths():
+    rng = np.random.default_rng()
+    for _ in range(5):
+        b = int(rng.integers(1, 9))
+        q_lens = rng.integers(1, 40, b) * (rng.random(b) < 0.5) + 1
+        context = rng.integers(0, 150, b)
+        run_and_compare(rng, q_lens, context, 9, 3, 64, int(rng.choice([8, 16, 32])), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_threads(dtype):
+    rng = np.random.default_rng()
+    _core.set_num_threads(2)
+    try:
+        assert _core.get_num_threads() == 2
+        run_and_compare(rng, *MIXED, 9, 3, 64, 16, dtype)
+    finally:
+        _core.set_num_threads(1)
+
+
+def test_out_argument_is_filled_and_returned():
+    rng = np.random.default_rng()
+    query, k_cache, v_cache, tables, seq_lens, qsl = make_batch(
+        rng, [3, 1], [5, 9], 4, 2, 64, 16, torch.float32
+    )
+    out = torch.full_like(query, 7.0)
+    args = (torch.from_numpy(tables), torch.from_numpy(seq_lens), torch.from_numpy(qsl))
+    res = ops.paged_attention(query, k_cache, v_cache, *args, 0.125, out=out)
+    assert res is out
+    np.testing.assert_allclose(
+        out.numpy(),
+        ops.paged_attention(query, k_cache, v_cache, *args, 0.125).numpy(),
+        rtol=0,
+        atol=0,
+    )
+
+
+def test_long_context_decode():
+    rng = np.random.default_rng()
+    run_and_compare(rng, [1, 1], [4000, 2500], 8, 2, 64, 16, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reshape_and_cache_writes_only_mapped_slots(dtype):
+    num_blocks, block_size, hkv, d, t = 6, 8, 3, 16, 10
+    key = torch.randn(t, hkv, d).to(dtype)
+    value = torch.randn(t, hkv, d).to(dtype)
+    k_cache = torch.randn(num_blocks, block_size, hkv, d).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, hkv, d).to(dtype)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    slots = torch.from_numpy(np.random.default_rng().permutation(num_blocks * block_size)[:t])
+    slots[3] = -1  # skipped
+    ops.reshape_and_cache(key, value, k_cache, v_cache, slots)
+    k_flat, v_flat = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
+    written = set()
+    for i, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        written.add(s)
+        assert torch.equal(k_flat[s], key[i]) and torch.equal(v_flat[s], value[i])
+    untouched = [s for s in range(num_blocks * block_size) if s not in written]
+    assert torch.equal(k_flat[untouched], k_before.view(-1, hkv, d)[untouched])
+    assert torch.equal(v_flat[untouched], v_before.view(-1, hkv, d)[untouched])
+
+
+def test_reshape_then_attend_round_trip():
+    """Filling the cache with reshape_and_cache from BatchBuilder's slot mapping
+    gives the same attention as the reference over the written K/V."""
+    kv = _core.KVCacheManager(32, 16)
+    builder = _core.BatchBuilder(kv)
+    lens = [5, 40]
+    for rid, n in enumerate(lens):
+        builder.add_request(rid, list(range(n)))
+        assert kv.allocate_slots(rid, n)
+    batch = builder.build([0, 1], [0, 0], lens)
+    t = sum(lens)
+    key, value, query = torch.randn(t, 2, 32), torch.randn(t, 2, 32), torch.randn(t, 4, 32)
+    k_cache, v_cache = torch.zeros(32, 16, 2, 32), torch.zeros(32, 16, 2, 32)
+    ops.reshape_and_cache(key, value, k_cache, v_cache, torch.from_numpy(batch["slot_mapping"]))
+    out = ops.paged_attention(
+        query,
+        k_cache,
+        v_cache,
+        torch.from_numpy(batch["block_tables"]),
+        torch.from_numpy(batch["seq_lens"]),
+        torch.from_numpy(batch["query_start_loc"]),
+        32**-0.5,
+    )
+    ref = reference_attention(
+        query.numpy(),
+        k_cache.numpy(),
+        v_cache.numpy(),
+        batch["block_tables"],
+        batch["seq_lens"],
+        batch["query_start_loc"],
+        32**-0.5,
+    )
+    np.testing.assert_allclose(out.numpy(), ref, atol=F32_TOL, rtol=0)
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.fixture
+def good_args():
+    rng = np.random.default_rng(0)
+    query, k_cache, v_cache, tables, seq_lens, qsl = make_batch(
+        rng, [2, 1], [3, 4], 4, 2, 16, 8, torch.float32
+    )
+    return dict(
+        query=query,
+        key_cache=k_cache,
+        value_cache=v_cache,
+        block_tables=torch.from_numpy(tables),
+        seq_lens=torch.from_numpy(seq_lens),
+        query_start_loc=torch.from_numpy(qsl),
+        scale=0.25,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("query", lambda a: a["query"].to(torch.float16)),
+        ("query", lambda a: a["query"][:, :, :8]),  # non-contiguous
+        ("query", lambda a: a["query"].flatten(1)),  # 2-D
+        ("key_cache", lambda a: a["key_cache"].to(torch.bfloat16)),
+        ("value_cache", lambda a: a["value_cache"][:, :, :1].contiguous()),
+        ("block_tables", lambda a: a["block_tables"].long()),
+        ("seq_lens", lambda a: a["seq_lens"].long()),
+        ("query_start_loc", lambda a: a["query_start_loc"].float()),
+        ("query_start_loc", lambda a: a["query_start_loc"][:-1]),
+        ("block_tables", lambda a: a["block_tables"][:1]),
+        ("query", lambda a: a["query"].numpy()),
+    ],
+)
+def test_paged_attention_rejects_bad_argument(good_args, name, bad):
+    args = dict(good_args)
+    args[name] = bad(args)
+    with pytest.raises(ValueError, match=name):
+        ops.paged_attention(**args)
+
+
+def test_paged_attention_rejects_bad_values(good_args):
+    args = dict(good_args)
+    args["block_tables"] = args["block_tables"].clone()
+    args["block_tables"][0, 0] = args["key_cache"].shape[0]
+    with pytest.raises(ValueError, match="block_tables"):
+        ops.paged_attention(**args)
+    args = dict(good_args)
+    args["seq_lens"] = torch.tensor([1, 5], dtype=torch.int32)  # < q_len 2
+    with pytest.raises(ValueError, match="seq_lens"):
+        ops.paged_attention(**args)
+    args = dict(good_args)
+    with pytest.raises(ValueError, match="out"):
+        ops.paged_attention(**args, out=torch.empty(3, 4, 8))
+    with pytest.raises(ValueError, match="query heads"):
+        ops.paged_attention(**{**args, "query": torch.randn(3, 3, 16)})
+
+
+def test_reshape_and_cache_rejects_bad_arguments():
+    key, value = torch.randn(4, 2, 8), torch.randn(4, 2, 8)
+    k_cache, v_cache = torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8)
+    slots = torch.arange(4)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        ops.reshape_and_cache(key, value, k_cache, v_cache, slots.int())
+    with pytest.raises(ValueError, match="value"):
+        ops.reshape_and_cache(key, value.bfloat16(), k_cache, v_cache, slots)
+    with pytest.raises(ValueError, match="key_cache"):
+        ops.reshape_and_cache(key, value, torch.zeros(3, 4, 1, 8), v_cache, slots)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        ops.reshape_and_cache(key, value, k_cache, v_cache, torch.tensor([0, 1, 2, 12]))
+    assert k_cache.abs().sum() == 0  # nothing written on error
+    with pytest.raises(ValueError, match="key"):
+        ops.reshape_and_cache(key.transpose(0, 1), value, k_cache, v_cache, slots)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_thread_pool_survives_fork():
+    """A child forked after the pool's workers started rebuilds them (no hang).
+    The child only runs our kernel (no torch compute, which may not be fork safe)."""
+    rng = np.random.default_rng()
+    query, k_cache, v_cache, tables, seq_lens, qsl = make_batch(
+        rng, *MIXED, 9, 3, 64, 16, torch.float32
+    )
+    meta = (torch.from_numpy(tables), torch.from_numpy(seq_lens), torch.from_numpy(qsl))
+    ref = reference_attention(
+        query.numpy(), k_cache.numpy(), v_cache.numpy(), tables, seq_lens, qsl, 0.125
+    )
+    out = torch.zeros_like(query)
+    _core.set_num_threads(2)
+    try:
+        ops.paged_attention(query, k_cache, v_cache, *meta, 0.125, out=out)  # workers started
+        pid = os.fork()
+        if pid == 0:  # child: the exit code is the verdict
+            code = 1
+            try:
+                out.numpy()[:] = 0  # numpy: torch ops may hang after fork
+                ops.paged_attention(query, k_cache, v_cache, *meta, 0.125, out=out)
+                code = 0 if np.abs(out.numpy() - ref).max() < F32_TOL else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 60
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("attention hung in a forked child")
+            time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        _core.set_num_threads(1)
