@@ -1,0 +1,86 @@
+"""Paged attention for one layer: write the step's K/V into the block cache, then
+attend through the block tables (PagedAttention, Kwon et al., SOSP'23).
+
+The kernels live in :mod:`paternoster.ops` (C++ core). The model receives them as
+an *attention ops* object — anything with ``reshape_and_cache`` and
+``paged_attention`` of the signatures below — so tests can substitute a
+pure-torch reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class AttentionOps(Protocol):
+    """The two paged-attention kernels (see :mod:`paternoster.ops`)."""
+
+    def reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
+                          key_cache: torch.Tensor, value_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor) -> None:
+        """Store ``key``/``value`` [T, Hkv, D] at flat slots ``slot_mapping`` int64[T]
+        (slot = block * block_size + offset) of caches [num_blocks, block_size, Hkv, D]."""
+
+    def paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor,
+                        value_cache: torch.Tensor, block_tables: torch.Tensor,
+                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                        scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal attention of ``query`` [T, Hq, D] over each sequence's cached K/V;
+        returns [T, Hq, D]."""
+
+
+def default_attention_ops() -> AttentionOps:
+    """The C++ kernels, :mod:`paternoster.ops`.
+
+    Raises:
+        ImportError: the compiled core is not built/installed.
+    """
+    from paternoster import ops
+
+    return ops
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where each token of a flattened step lives in the paged KV cache.
+
+    ``B`` sequences contribute ``T`` tokens in total, sequence ``b`` owning
+    tokens ``query_start_loc[b]:query_start_loc[b+1]``; its queries sit at the
+    last positions of its context of ``seq_lens[b]`` tokens.
+
+    Attributes:
+        slot_mapping: int64[T], cache slot (block * block_size + offset) for each
+            new token's K/V.
+        block_tables: int32[B, M], the physical blocks of each sequence, in order.
+        seq_lens: int32[B], context length in tokens including this step's tokens.
+        query_start_loc: int32[B + 1], prefix sums of tokens per sequence.
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+
+
+def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          kv_cache: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
+                          scale: float) -> torch.Tensor:
+    """One layer's attention step.
+
+    Args:
+        ops: the kernels.
+        q: [T, Hq, D]; k, v: [T, Hkv, D] (after RoPE), model dtype.
+        kv_cache: (key_cache, value_cache), each [num_blocks, block_size, Hkv, D].
+        attn: token placement for this step.
+        scale: softmax scale, usually ``D ** -0.5``.
+    Returns:
+        [T, Hq, D] attention output, model dtype.
+    """
+    key_cache, value_cache = kv_cache
+    ops.reshape_and_cache(k.contiguous(), v.contiguous(), key_cache, value_cache,
+                          attn.slot_mapping)
+    return ops.paged_attention(q.contiguous(), key_cache, value_cache, attn.block_tables,
+                               attn.seq_lens, attn.query_start_loc, scale)

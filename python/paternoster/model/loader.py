@@ -1,0 +1,157 @@
+"""Build one of our model classes from an HF model directory: pick the class by
+architecture, resolve the dtype, stream the safetensors weights in.
+
+transformers is used only for the config (``AutoConfig``); modelling is ours.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from paternoster.model.attention import AttentionOps
+from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
+
+logger = logging.getLogger(__name__)
+
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+}
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM"}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_hf_config(model_dir: str | Path):
+    """``transformers.AutoConfig`` of a local model directory (no remote code)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
+
+
+def model_class(hf_config) -> type[LlamaForCausalLM]:
+    """Our class for ``hf_config.architectures[0]`` (or, if absent, its ``model_type``).
+
+    Raises:
+        ValueError: the architecture is not supported; the message lists the
+            supported ones.
+    """
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if not archs and getattr(hf_config, "model_type", None) in _MODEL_TYPES:
+        archs = [_MODEL_TYPES[hf_config.model_type]]
+    for arch in archs:
+        if arch in MODEL_CLASSES:
+            return MODEL_CLASSES[arch]
+    raise ValueError(
+        f"unsupported model architecture {archs or getattr(hf_config, 'model_type', None)!r}; "
+        f"supported: {', '.join(MODEL_CLASSES)}"
+    )
+
+
+def checkpoint_dtype(hf_config) -> torch.dtype | None:
+    """The checkpoint's dtype from ``config.dtype`` (transformers 5) or ``torch_dtype``."""
+    # vars(): transformers 5 warns on attribute access to the deprecated torch_dtype.
+    value = getattr(hf_config, "dtype", None) or vars(hf_config).get("torch_dtype")
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str):
+        return _DTYPES.get(value.removeprefix("torch."))
+    return None
+
+
+def resolve_dtype(hf_config, dtype: str, device: str = "cpu") -> torch.dtype:
+    """The model dtype for a ``--dtype`` value.
+
+    ``auto`` is the checkpoint's dtype (float32 if unknown); on CPU a float16
+    checkpoint runs in bfloat16 (the CPU kernels take float32/bfloat16 only).
+
+    Raises:
+        ValueError: unknown ``dtype``, or ``float16`` requested on CPU.
+    """
+    if dtype == "auto":
+        resolved = checkpoint_dtype(hf_config) or torch.float32
+        if resolved == torch.float16 and device == "cpu":
+            logger.info("float16 checkpoint: running in bfloat16 on CPU")
+            resolved = torch.bfloat16
+        return resolved
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
+    if dtype == "float16" and device == "cpu":
+        raise ValueError("dtype float16 is not supported on CPU; use bfloat16 or float32")
+    return _DTYPES[dtype]
+
+
+def sliding_window(hf_config) -> int | None:
+    """The attention window if any layer uses sliding-window attention, else None.
+
+    We implement full attention only, which equals sliding-window attention of
+    window ``W`` for contexts of at most ``W`` tokens; the runner caps
+    ``max_model_len`` at this value.
+    """
+    window = getattr(hf_config, "sliding_window", None)
+    if not window:
+        return None
+    if getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
+def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of the checkpoint, one file at a time.
+
+    Uses ``model.safetensors.index.json`` when present (sharded checkpoints),
+    else every ``*.safetensors`` file in the directory.
+
+    Raises:
+        FileNotFoundError: no safetensors file in ``model_dir``.
+    """
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+    else:
+        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    for file in files:
+        with safe_open(str(model_dir / file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                yield name, f.get_tensor(name)
+
+
+def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: AttentionOps,
+               max_positions: int | None = None) -> LlamaForCausalLM:
+    """Instantiate the model for ``hf_config`` and load its safetensors weights.
+
+    Args:
+        model_dir: HF model directory.
+        hf_config: its config (see :func:`load_hf_config`).
+        dtype: model dtype (see :func:`resolve_dtype`).
+        ops: paged-attention kernels.
+        max_positions: RoPE table length (defaults to ``max_position_embeddings``).
+    Returns:
+        The model in eval mode.
+    Raises:
+        ValueError: unsupported architecture/rope/activation, missing or
+            mis-shaped weights.
+        FileNotFoundError: no weights.
+    """
+    cls = model_class(hf_config)
+    model = cls(hf_config, dtype, ops, max_positions=max_positions)
+    unused = model.load_weights(iter_safetensors(model_dir))
+    unused = [n for n in unused if not n.endswith("rotary_emb.inv_freq")]
+    if unused:
+        logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[:4])
+    return model.eval()
