@@ -76,6 +76,16 @@ def test_encode_refuses_non_maps_unsupported_types_and_oversize():
         encode({"x": "y" * 1000}, max_frame_bytes=100)
 
 
+def test_numpy_values_travel_as_plain_numbers():
+    import numpy as np
+
+    msg = decode(
+        encode({"ids": np.arange(3, dtype=np.int32), "x": np.float32(0.5), "n": np.int64(7)})
+    )
+    assert msg == {"ids": [0, 1, 2], "x": 0.5, "n": 7}
+    assert type(msg["n"]) is int
+
+
 def test_message_type_requires_a_string_type():
     with pytest.raises(CodecError):
         message_type({"v": 1})

@@ -1,0 +1,320 @@
+"""The engine process: an EngineCore behind two ZeroMQ sockets.
+
+Run as ``python -m paternoster.engine.process --input ADDR --output ADDR
+--parent-pid PID`` (the frontend's :class:`~paternoster.entrypoints.engine_client.EngineClient`
+does this). The frontend binds both sockets; this process connects.
+
+Protocol (msgpack maps, see :mod:`paternoster.engine.codec`; docs/protocol.md):
+
+- in ``config``   ``{"config": EngineConfig.to_dict()}`` — the first message.
+- out ``ready``   ``{"info": EngineCore.info}`` — once the engine is built.
+- out ``startup_error`` ``{"error": str}`` — building failed; the process exits 1.
+- in ``add``      ``{"request": EngineCoreRequest.to_wire()}``
+- in ``abort``    ``{"request_ids": [str]}``
+- in ``shutdown`` ``{}``
+- out ``outputs`` ``{"outputs": [EngineCoreOutput.to_wire()]}`` — one per step,
+  plus the final outputs of aborted or rejected requests.
+- out ``heartbeat`` ``{"stats": EngineCore.stats(), "time": float}`` — every
+  ``heartbeat_interval`` seconds, idle or busy (sent between steps).
+- out ``fatal``   ``{"error": str}`` — ``step()`` raised; the process exits 1.
+
+A rejected ``add`` (``EngineCore.add_request`` raised ``ValueError``) becomes an
+output with ``finish_reason="error"`` and the message in ``error``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+import zmq
+
+from paternoster.engine.codec import CodecError, PullQueue, PushQueue, message, message_type
+
+logger = logging.getLogger("paternoster.engine")
+
+DEFAULT_ENGINE_CLS = "paternoster.engine.core:EngineCore"
+DEFAULT_HEARTBEAT_INTERVAL = 0.5
+CONFIG_TIMEOUT_S = 60.0
+
+
+def load_engine_cls(path: str) -> type:
+    """Import ``"package.module:ClassName"`` and return the class.
+
+    Raises:
+        ValueError: ``path`` has no ``:``.
+        ImportError, AttributeError: the module or class does not exist.
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        raise ValueError(f"engine class must look like 'module:Class', got {path!r}")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _error_output(request_id: str, error: str) -> dict:
+    return {
+        "request_id": request_id,
+        "new_token_ids": [],
+        "finish_reason": "error",
+        "stop_reason": None,
+        "error": error,
+        "num_prompt_tokens": 0,
+    }
+
+
+class EngineLoop:
+    """Drives one EngineCore: drain inputs, step, push outputs, beat.
+
+    Args:
+        engine: an EngineCore (or anything with its API).
+        inputs: queue of frontend messages.
+        outputs: queue to the frontend.
+        parent_pid: exit when this process is no longer our parent.
+        heartbeat_interval: seconds between heartbeats; also the idle poll timeout.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        inputs: PullQueue,
+        outputs: PushQueue,
+        parent_pid: int | None,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+    ):
+        self.engine = engine
+        self.inputs = inputs
+        self.outputs = outputs
+        self.parent_pid = parent_pid
+        self.heartbeat_interval = heartbeat_interval
+        self._pending: list[dict] = []
+        self._shutdown = False
+        self._last_beat = 0.0
+
+    def run(self) -> None:
+        """Loop until a ``shutdown`` message arrives or the parent dies.
+
+        Raises:
+            Exception: whatever ``EngineCore.step`` raised (the caller reports it).
+        """
+        while not self._shutdown:
+            busy = self.engine.has_unfinished_requests()
+            self._drain(0 if busy else int(self.heartbeat_interval * 1000))
+            if self._shutdown:
+                break
+            if self.engine.has_unfinished_requests():
+                self._pending.extend(o.to_wire() for o in self.engine.step())
+            if self._pending:
+                pending, self._pending = self._pending, []
+                if not self._put(message("outputs", outputs=pending)):
+                    return
+            now = time.monotonic()
+            if now - self._last_beat >= self.heartbeat_interval:
+                self._last_beat = now
+                beat = message("heartbeat", stats=self.engine.stats(), time=time.time())
+                if not self._parent_alive() or not self._put(beat):
+                    logger.warning("frontend process is gone; engine exiting")
+                    return
+
+    def _parent_alive(self) -> bool:
+        return self.parent_pid is None or os.getppid() == self.parent_pid
+
+    def _put(self, msg: dict) -> bool:
+        """Send, retrying while the frontend is alive. False when it is gone."""
+        while True:
+            try:
+                self.outputs.put(msg)
+                return True
+            except zmq.Again:  # SNDTIMEO expired: the frontend is not reading
+                if not self._parent_alive():
+                    return False
+
+    def _drain(self, first_timeout_ms: int) -> None:
+        """Handle every waiting input; wait up to ``first_timeout_ms`` for the first."""
+        if first_timeout_ms > 0 and not self.inputs.poll(first_timeout_ms):
+            return
+        while True:
+            try:
+                msg = self.inputs.get_nowait()
+            except CodecError as e:
+                logger.error("dropping malformed frame: %s", e)
+                continue
+            if msg is None:
+                return
+            self._handle(msg)
+
+    def _handle(self, msg: dict) -> None:
+        from paternoster.engine.messages import EngineCoreRequest
+
+        try:
+            kind = message_type(msg)
+        except CodecError as e:
+            logger.error("dropping message: %s", e)
+            return
+        if kind == "add":
+            raw = msg.get("request")
+            rid = raw.get("request_id") if isinstance(raw, dict) else None
+            try:
+                request = EngineCoreRequest.from_wire(raw)
+                self.engine.add_request(request)
+            except (ValueError, TypeError, KeyError) as e:
+                if isinstance(rid, str):
+                    self._pending.append(_error_output(rid, str(e) or type(e).__name__))
+                else:
+                    logger.error("dropping add without a request_id: %s", e)
+        elif kind == "abort":
+            ids = msg.get("request_ids")
+            if isinstance(ids, list):
+                ids = [i for i in ids if isinstance(i, str)]
+                self._pending.extend(o.to_wire() for o in self.engine.abort_requests(ids))
+        elif kind == "shutdown":
+            self._shutdown = True
+        else:
+            logger.error("dropping message of unknown type %r", kind)
+
+
+def _wait_for_config(inputs: PullQueue, parent_pid: int | None) -> dict:
+    deadline = time.monotonic() + CONFIG_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if parent_pid is not None and os.getppid() != parent_pid:
+            raise RuntimeError("frontend process is gone")
+        if not inputs.poll(200):
+            continue
+        msg = inputs.get()
+        if message_type(msg) == "config" and isinstance(msg.get("config"), dict):
+            return msg["config"]
+        if message_type(msg) == "shutdown":
+            raise RuntimeError("shut down before start")
+    raise RuntimeError(f"no config message within {CONFIG_TIMEOUT_S:.0f} s")
+
+
+def run_engine(
+    input_addr: str,
+    output_addr: str,
+    parent_pid: int | None = None,
+    engine_cls: str = DEFAULT_ENGINE_CLS,
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+) -> int:
+    """Connect, receive the config, build the engine, and serve until shutdown.
+
+    Args:
+        input_addr: ZeroMQ address the frontend PUSHes to (we PULL).
+        output_addr: ZeroMQ address the frontend PULLs from (we PUSH).
+        parent_pid: exit when our parent is no longer this pid; ``None`` = never.
+        engine_cls: ``"module:Class"`` of the engine (tests pass a fake).
+        heartbeat_interval: seconds between heartbeats.
+    Returns:
+        Process exit code: 0 on clean shutdown, 1 on a startup or step failure.
+    """
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    push = ctx.socket(zmq.PUSH)
+    pull.connect(input_addr)
+    push.connect(output_addr)
+    push.setsockopt(zmq.LINGER, 2000)
+    push.setsockopt(zmq.SNDTIMEO, 1000)
+    inputs, outputs = PullQueue(pull), PushQueue(push)
+    engine = None
+    try:
+        try:
+            from paternoster.config import EngineConfig
+
+            config = EngineConfig.from_dict(_wait_for_config(inputs, parent_pid))
+            import torch
+
+            torch.set_num_threads(config.num_threads)
+            engine = load_engine_cls(engine_cls)(config)
+        except Exception as e:  # report any startup failure, in words, then exit
+            logger.error("engine failed to start: %s", traceback.format_exc())
+            outputs.put(message("startup_error", error=f"{type(e).__name__}: {e}"))
+            return 1
+        outputs.put(message("ready", info=dict(engine.info)))
+        logger.info("engine ready (pid %d): %s", os.getpid(), engine.info)
+        loop = EngineLoop(engine, inputs, outputs, parent_pid, heartbeat_interval)
+        try:
+            loop.run()
+        except Exception as e:
+            logger.error("engine step failed: %s", traceback.format_exc())
+            outputs.put(message("fatal", error=f"{type(e).__name__}: {e}"))
+            return 1
+        return 0
+    finally:
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:
+                logger.exception("engine shutdown failed")
+        pull.close(linger=0)
+        push.close(linger=0 if _orphaned(parent_pid) else None)
+        ctx.term()
+        if _orphaned(parent_pid):
+            _remove_ipc_dir(input_addr)
+
+
+def _orphaned(parent_pid: int | None) -> bool:
+    return parent_pid is not None and os.getppid() != parent_pid
+
+
+def _remove_ipc_dir(addr: str) -> None:
+    """The frontend died without cleaning up: remove its private socket dir."""
+    if not addr.startswith("ipc://"):
+        return
+    folder = os.path.dirname(addr[len("ipc://") :])
+    if os.path.basename(folder).startswith("paternoster-"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM us when the parent dies (best effort; the loop also
+    checks ``getppid``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except Exception:  # not fatal: the getppid check remains
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry: parse the addresses and run :func:`run_engine`.
+
+    Returns:
+        The process exit code.
+    """
+    p = argparse.ArgumentParser(description="Paternoster engine process (started by the frontend)")
+    p.add_argument("--input", required=True, help="ZeroMQ address to PULL requests from")
+    p.add_argument("--output", required=True, help="ZeroMQ address to PUSH outputs to")
+    p.add_argument("--parent-pid", type=int, default=None)
+    p.add_argument("--engine-cls", default=DEFAULT_ENGINE_CLS)
+    p.add_argument("--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    # SIGTERM (also our parent-death signal) unwinds through the cleanup code.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    _die_with_parent()
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s [engine] %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return run_engine(
+            args.input, args.output, args.parent_pid, args.engine_cls, args.heartbeat_interval
+        )
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # cleaned up: a late SIGTERM just ends us
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Engine options shared by the CLI flags and ``LLM(**kwargs)``: one name each."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from paternoster.config import (
+    SUPPORTED_DTYPES,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}  # fmt: skip
+
+
+def parse_bytes(text: str | int) -> int:
+    """Parse a byte count: ``1073741824``, ``512MiB``, ``2GiB``, ``1.5GB``.
+
+    Returns:
+        The number of bytes (int).
+    Raises:
+        ValueError: not a number with an optional unit (B, KB, MB, GB, KiB,
+            MiB, GiB, TiB; case-insensitive).
+    """
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a byte count: {text!r} (e.g. 1073741824, 512MiB, 2GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def resolve_model_dir(model: str | None) -> str:
+    """The model directory: ``model`` itself, or the embedded default model
+    (converted on first use, with a progress bar) when ``None``."""
+    if model is not None:
+        return model
+    from paternoster.model.default_model import default_model_dir
+
+    return str(default_model_dir())
+
+
+def build_engine_config(
+    model: str,
+    *,
+    served_model_name: str | None = None,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    block_size: int = 16,
+    num_kv_blocks: int | None = None,
+    kv_cache_memory: int | str | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    scheduler: str = "fcfs",
+    num_threads: int = 1,
+    seed: int = 0,
+) -> EngineConfig:
+    """Build an :class:`EngineConfig` from the flat option names of the CLI.
+
+    Args:
+        model: model directory.
+        served_model_name: id reported by /v1/models (default: engine's).
+        dtype: ``auto``, ``float32``, ``bfloat16`` or ``float16``.
+        max_model_len: context length in tokens (default: the model's).
+        block_size: tokens per KV block.
+        num_kv_blocks: KV blocks (overrides ``kv_cache_memory``).
+        kv_cache_memory: bytes (int or e.g. ``"2GiB"``) for the KV cache.
+        max_num_seqs: most requests per step.
+        max_num_batched_tokens: token budget per step.
+        scheduler: scheduler plugin name.
+        num_threads: torch threads in the engine.
+        seed: engine-wide RNG seed.
+    Returns:
+        The validated config.
+    Raises:
+        ValueError: a value out of range (the message names it).
+    """
+    cache = {"block_size": block_size, "num_kv_blocks": num_kv_blocks}
+    if kv_cache_memory is not None:
+        cache["kv_cache_memory"] = parse_bytes(kv_cache_memory)
+    sched: dict = {"scheduler": scheduler}
+    if max_num_seqs is not None:
+        sched["max_num_seqs"] = max_num_seqs
+    if max_num_batched_tokens is not None:
+        sched["max_num_batched_tokens"] = max_num_batched_tokens
+    if num_threads < 1:
+        raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+    return EngineConfig(
+        model=ModelConfig(
+            model=model,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            served_model_name=served_model_name,
+        ),
+        cache=CacheConfig(**cache),
+        scheduler=SchedulerConfig(**sched),
+        num_threads=num_threads,
+        seed=seed,
+    )
+
+
+ENGINE_ARG_NAMES = (
+    "served_model_name", "dtype", "max_model_len", "block_size", "num_kv_blocks",
+    "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "scheduler",
+    "num_threads", "seed",
+)  # fmt: skip
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add the engine flags (``--dtype``, ``--block-size``, ...) to ``parser``;
+    their dests are :data:`ENGINE_ARG_NAMES`."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--served-model-name", default=None, help="model id in the API")
+    g.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="auto")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length (tokens)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache blocks")
+    g.add_argument(
+        "--kv-cache-memory", type=parse_bytes, default=None,
+        help="KV cache size in bytes, e.g. 1073741824 or 2GiB (ignored with --num-kv-blocks)",
+    )  # fmt: skip
+    g.add_argument("--max-num-seqs", type=int, default=None, help="most requests per step")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step")
+    g.add_argument("--scheduler", default="fcfs", help="scheduler plugin name")
+    g.add_argument("--num-threads", type=int, default=1, help="torch threads in the engine")
+    g.add_argument("--seed", type=int, default=0)

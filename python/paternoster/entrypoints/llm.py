@@ -1,0 +1,197 @@
+"""The offline API: ``LLM(...).generate(prompts, SamplingParams(...))``.
+
+Runs the EngineCore in this process (no ZeroMQ). All prompts are added before
+the first step, so they are batched continuously; outputs go through the same
+detokenizer and stop-string handling as the HTTP server.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from paternoster.entrypoints.engine_args import build_engine_config, resolve_model_dir
+from paternoster.outputs import RequestOutput, SequenceState, fan_out
+from paternoster.sampling_params import SamplingParams
+
+
+class LLM:
+    """An engine in this process plus the model's tokenizer.
+
+    Args:
+        model: HF model directory; ``None`` = the embedded default model.
+        **engine_kwargs: the CLI's engine options by their flag names
+            (``dtype``, ``max_model_len``, ``block_size``, ``num_kv_blocks``,
+            ``kv_cache_memory``, ``max_num_seqs``, ``max_num_batched_tokens``,
+            ``scheduler``, ``num_threads``, ``seed``, ``served_model_name``).
+    Attributes:
+        engine: the :class:`~paternoster.engine.core.EngineCore` (``step_log``,
+            ``stats()``).
+        tokenizer: the Hugging Face tokenizer.
+    Raises:
+        ValueError: an option out of range; errors of model loading.
+    """
+
+    def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
+        from transformers import AutoTokenizer
+
+        from paternoster.engine.core import EngineCore
+
+        model_dir = resolve_model_dir(model)
+        config = build_engine_config(model_dir, **engine_kwargs)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.engine = EngineCore(config)
+        info = self.engine.info
+        self.max_model_len = min(
+            int(info["max_model_len"]), int(info["num_kv_blocks"]) * int(info["block_size"])
+        )
+        self._ids = itertools.count()
+
+    # ----------------------------------------------------------------- public
+
+    def generate(
+        self,
+        prompts: str | Sequence[str] | Sequence[list[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate completions for every prompt, batched continuously.
+
+        Args:
+            prompts: a string, a list of strings, or a list of token-id lists
+                (a flat list of ints is one tokenized prompt).
+            sampling_params: one for all prompts, one per prompt, or ``None``
+                (defaults: temperature 1, max_tokens 16).
+            use_tqdm: show a progress bar over finished prompts.
+        Returns:
+            One :class:`RequestOutput` per prompt, in input order, each with
+            ``n`` choices ordered by index.
+        Raises:
+            ValueError: mismatched lengths, an empty prompt, or a request the
+                engine refuses (e.g. longer than ``max_model_len``).
+        """
+        token_prompts, texts = self._tokenize(prompts)
+        return self._run(token_prompts, texts, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | Sequence[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or several, via the model's chat template.
+
+        Args:
+            messages: one conversation (a list of ``{"role", "content"}``
+                maps) or a list of conversations.
+            sampling_params: as in :meth:`generate`.
+            use_tqdm: show a progress bar.
+        Returns:
+            One :class:`RequestOutput` per conversation (``prompt`` is the
+            templated text).
+        Raises:
+            ValueError: as in :meth:`generate`.
+        """
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        texts, token_prompts = [], []
+        for conv in convs:
+            text = self.tokenizer.apply_chat_template(
+                list(conv), tokenize=False, add_generation_prompt=True
+            )
+            texts.append(text)
+            # The template holds any BOS already: no special tokens added twice.
+            token_prompts.append(self.tokenizer(text, add_special_tokens=False).input_ids)
+        return self._run(token_prompts, texts, sampling_params, use_tqdm)
+
+    # -------------------------------------------------------------- internals
+
+    def _tokenize(self, prompts: Any) -> tuple[list[list[int]], list[str | None]]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(t, int) for t in prompts):
+            prompts = [prompts]
+        token_prompts, texts = [], []
+        for p in prompts:
+            if isinstance(p, str):
+                token_prompts.append(self.tokenizer(p).input_ids)
+                texts.append(p)
+            else:
+                token_prompts.append([int(t) for t in p])
+                texts.append(None)
+        return token_prompts, texts
+
+    def _run(
+        self,
+        token_prompts: list[list[int]],
+        texts: list[str | None],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(token_prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(token_prompts):
+                raise ValueError(
+                    f"got {len(params_list)} sampling params for {len(token_prompts)} prompts"
+                )
+        results: list[RequestOutput] = []
+        states: dict[str, tuple[int, SequenceState]] = {}
+        try:
+            for p, (ids, text, params) in enumerate(zip(token_prompts, texts, params_list)):
+                if not ids:
+                    raise ValueError(f"prompt {p} is empty")
+                rid = str(next(self._ids))
+                results.append(RequestOutput(rid, text, ids))
+                for index, req in fan_out(rid, ids, params, 0, self.max_model_len):
+                    self.engine.add_request(req)
+                    states[req.request_id] = (p, SequenceState(index, self.tokenizer, ids, params))
+            self._step_until_done(results, states, use_tqdm)
+        finally:
+            live = [rid for rid, (_, s) in states.items() if not s.finished]
+            if live:
+                self.engine.abort_requests(live)
+        for p, out in enumerate(results):
+            out.outputs = sorted(
+                (s.to_output() for q, s in states.values() if q == p), key=lambda c: c.index
+            )
+            out.finished = True
+        return results
+
+    def _step_until_done(
+        self,
+        results: list[RequestOutput],
+        states: dict[str, tuple[int, SequenceState]],
+        use_tqdm: bool,
+    ) -> None:
+        pending = [0] * len(results)
+        for p, _ in states.values():
+            pending[p] += 1
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(results), desc="Processed prompts", unit="prompt")
+        remaining = len(states)
+        try:
+            while remaining and self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    entry = states.get(out.request_id)
+                    if entry is None or entry[1].finished:
+                        continue
+                    p, state = entry
+                    state.process(out)
+                    if state.needs_abort:
+                        self.engine.abort_requests([out.request_id])
+                    if state.finished:
+                        remaining -= 1
+                        pending[p] -= 1
+                        if bar is not None and pending[p] == 0:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()

@@ -1,0 +1,24 @@
+"""Fixtures for frontend tests: the real tokenizer and a server in a subprocess."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.entrypoints.utils import start_server
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_model_path):
+    """The default model's Hugging Face tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_model_path))
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path):
+    """`paternoster serve` on the default model with a small KV cache (one per module)."""
+    with start_server(
+        str(default_model_path), "--num-kv-blocks", "512", "--max-model-len", "2048"
+    ) as srv:
+        yield srv

@@ -1,0 +1,72 @@
+"""The `paternoster` command's argument parsing and startup failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from paternoster.entrypoints.cli import make_parser
+from paternoster.entrypoints.engine_args import (
+    ENGINE_ARG_NAMES,
+    build_engine_config,
+    parse_bytes,
+)
+from tests.entrypoints.utils import REPO_ROOT, child_env
+
+
+def test_parse_bytes_accepts_plain_and_suffixed_sizes():
+    assert parse_bytes("1073741824") == 1 << 30
+    assert parse_bytes("2GiB") == 2 << 30
+    assert parse_bytes("512 MiB") == 512 << 20
+    assert parse_bytes("1.5GB") == 1_500_000_000
+    with pytest.raises(ValueError):
+        parse_bytes("lots")
+
+
+def test_serve_flags_build_the_engine_config():
+    args = make_parser().parse_args(
+        ["serve", "/m", "--dtype", "float32", "--max-model-len", "512", "--block-size", "32",
+         "--kv-cache-memory", "1GiB", "--max-num-seqs", "8", "--max-num-batched-tokens", "256",
+         "--num-threads", "2", "--seed", "3", "--served-model-name", "m"]
+    )  # fmt: skip
+    assert (args.host, args.port) == ("127.0.0.1", 8000)
+    cfg = build_engine_config(args.model, **{k: getattr(args, k) for k in ENGINE_ARG_NAMES})
+    assert cfg.model.model == "/m" and cfg.model.dtype == "float32"
+    assert cfg.model.max_model_len == 512 and cfg.model.served_model_name == "m"
+    assert cfg.cache.block_size == 32 and cfg.cache.kv_cache_memory == 1 << 30
+    assert cfg.scheduler.max_num_seqs == 8 and cfg.scheduler.max_num_batched_tokens == 256
+    assert cfg.num_threads == 2 and cfg.seed == 3
+    default = make_parser().parse_args(["serve"])
+    assert default.model is None and default.num_threads == 1 and default.block_size == 16
+
+
+def test_bad_flag_values_are_rejected():
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["serve", "--dtype", "int3"])
+    with pytest.raises(ValueError, match="block_size"):
+        build_engine_config("/m", block_size=0)
+
+
+def test_serve_with_a_missing_model_dir_exits_with_a_clear_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "paternoster.entrypoints.cli", "serve", str(tmp_path / "nope")],
+        env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "cannot load model" in proc.stderr and "nope" in proc.stderr
+
+
+def test_serve_reports_an_engine_that_fails_to_start(tmp_path, default_model_path):
+    """The tokenizer loads, the model does not: the engine's reason is logged."""
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_path / name, tmp_path / name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "paternoster.entrypoints.cli", "serve", str(tmp_path)],
+        env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "engine failed to start" in proc.stderr

@@ -1,0 +1,95 @@
+"""The offline API on the real default model."""
+
+from __future__ import annotations
+
+import pytest
+
+from paternoster import LLM, CompletionOutput, RequestOutput, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def llm(default_model_path):
+    return LLM(str(default_model_path), num_kv_blocks=256, max_model_len=1024)
+
+
+def _assert_idle(llm):
+    stats = llm.engine.stats()
+    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+    assert stats["num_free_blocks"] == stats["num_kv_blocks"]
+
+
+def test_generate_one_prompt(llm):
+    [out] = llm.generate("The capital of France is", GREEDY)
+    assert isinstance(out, RequestOutput) and out.finished
+    assert out.prompt == "The capital of France is"
+    assert out.prompt_token_ids == llm.tokenizer("The capital of France is").input_ids
+    [choice] = out.outputs
+    assert isinstance(choice, CompletionOutput) and choice.index == 0
+    assert choice.text and 1 <= len(choice.token_ids) <= 12
+    assert choice.finish_reason in ("stop", "length")
+    assert llm.tokenizer.decode(choice.token_ids, skip_special_tokens=True).startswith(choice.text)
+    _assert_idle(llm)
+
+
+def test_prompts_are_batched_continuously(llm):
+    prompts = [f"Fact number {i}:" for i in range(6)]
+    start = len(llm.engine.step_log)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert [o.prompt for o in outs] == prompts
+    assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
+    steps = list(llm.engine.step_log)[start:]
+    assert max(len(s.scheduled) for s in steps) == 6  # all six decode together
+    assert len(steps) < 6 * 8
+    _assert_idle(llm)
+
+
+def test_token_id_prompts_match_text_prompts(llm):
+    ids = llm.tokenizer("Once upon a time").input_ids
+    by_text = llm.generate("Once upon a time", GREEDY)[0].outputs[0]
+    by_ids = llm.generate([ids], GREEDY)[0]
+    assert by_ids.prompt is None and by_ids.outputs[0].text == by_text.text
+
+
+def test_n_choices_with_seeds_are_reproducible(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=8)
+    a = llm.generate("Hello", params)[0].outputs
+    b = llm.generate("Hello", params)[0].outputs
+    assert [c.index for c in a] == [0, 1, 2]
+    assert [c.text for c in a] == [c.text for c in b]
+
+
+def test_stop_string_truncates_and_frees_the_request(llm):
+    kw = dict(temperature=0, max_tokens=30, ignore_eos=True)
+    full = llm.generate("Count: 1, 2, 3,", SamplingParams(**kw))[0].outputs[0]
+    stop = full.text.split()[2]
+    out = llm.generate("Count: 1, 2, 3,", SamplingParams(stop=[stop], **kw))[0].outputs[0]
+    assert out.text == full.text[: full.text.index(stop)]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert len(out.token_ids) < 30
+    _assert_idle(llm)
+
+
+def test_chat_one_and_many_conversations(llm):
+    conv = [{"role": "user", "content": "Say hi."}]
+    [one] = llm.chat(conv, GREEDY)
+    assert one.prompt.endswith("<|im_start|>assistant\n")
+    assert one.prompt_token_ids == llm.tokenizer(one.prompt, add_special_tokens=False).input_ids
+    two = llm.chat([conv, [{"role": "user", "content": "Say bye."}]], GREEDY)
+    # (Texts are not compared: bf16 greedy can flip near-ties between batch shapes.)
+    assert [o.prompt_token_ids for o in two][0] == one.prompt_token_ids
+    assert all(o.outputs[0].text for o in two) and "Say bye." in two[1].prompt
+
+
+def test_per_prompt_params_and_errors(llm):
+    outs = llm.generate(
+        ["a", "b"], [SamplingParams(max_tokens=2, ignore_eos=True),
+                     SamplingParams(max_tokens=3, ignore_eos=True)]
+    )  # fmt: skip
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 3]
+    with pytest.raises(ValueError, match="2 prompts"):
+        llm.generate(["a", "b"], [GREEDY])
+    with pytest.raises(ValueError, match="1024"):
+        llm.generate([[28120] * 1000], SamplingParams(max_tokens=100))
+    _assert_idle(llm)

@@ -1,0 +1,89 @@
+"""HTTP behaviour that needs control over timing: a server over the scripted
+fake engine (the real tokenizer, no model)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+from tests.entrypoints.utils import FAKE_ENGINE, start_server
+
+MAX_MODEL_LEN = 256
+
+
+@pytest.fixture(scope="module")
+def fake_server(default_model_path, tmp_path_factory):
+    d = tmp_path_factory.mktemp("fake_model")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (default_model_path / name).exists():
+            shutil.copy(default_model_path / name, d / name)
+    # Each step takes 20 ms, so a long request is still running a second later.
+    (d / "fake_engine.json").write_text(json.dumps({"step_delay": 0.02}))
+    with start_server(
+        str(d), "--engine-cls", FAKE_ENGINE, "--max-model-len", str(MAX_MODEL_LEN),
+        "--num-kv-blocks", "64",
+    ) as srv:  # fmt: skip
+        yield srv
+
+
+def _idle(stats: dict) -> bool:
+    e = stats["engine"]
+    return (
+        stats["num_in_flight"] == 0
+        and e.get("num_running") == 0
+        and (e.get("num_free_blocks") == e.get("num_kv_blocks"))
+    )
+
+
+def test_omitted_max_tokens_fills_the_context(fake_server, tokenizer):
+    prompt = "Hello there " * 90
+    body = {"prompt": prompt, "ignore_eos": True}
+    r = httpx.post(fake_server.url + "/v1/completions", json=body, timeout=30).json()
+    n = len(tokenizer(prompt).input_ids)
+    assert 150 < n < MAX_MODEL_LEN
+    assert r["usage"]["prompt_tokens"] == n
+    assert r["usage"]["completion_tokens"] == MAX_MODEL_LEN - n
+    assert r["choices"][0]["finish_reason"] == "length"
+
+
+def test_sse_format(fake_server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True,
+            "n": 2, "stream_options": {"include_usage": True}}  # fmt: skip
+    r = httpx.post(fake_server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in r.text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    role = {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [role, role]
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    finished = sorted(ch["index"] for c in chunks for ch in c["choices"] if ch["finish_reason"])
+    assert finished == [0, 1]
+
+
+def test_disconnect_mid_stream_aborts(fake_server):
+    body = {"prompt": "story", "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", fake_server.url + "/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    fake_server.wait_for(_idle, timeout=2, what="abort after a streaming disconnect")
+
+
+def test_disconnect_non_streaming_aborts(fake_server):
+    body = {"prompt": "story", "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(fake_server.url + "/v1/completions", json=body, timeout=1.0)
+    fake_server.wait_for(_idle, timeout=2, what="abort after a non-streaming disconnect")
+
+
+def test_unknown_fields_and_user_are_ignored(fake_server):
+    body = {"prompt": "hi", "max_tokens": 2, "user": "u-1", "frequency_penalty": 0.0,
+            "logit_bias": {}, "some_future_field": [1, 2]}  # fmt: skip
+    r = httpx.post(fake_server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
