@@ -41,7 +41,7 @@ _FINISH_REASONS = {
 }
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     """One sequence the engine generates for.
 

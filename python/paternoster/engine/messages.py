@@ -57,7 +57,7 @@ class EngineCoreRequest:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class EngineCoreOutput:
     """New tokens for one request from one engine step.
 

@@ -248,10 +248,15 @@ class Scheduler:
             if status is None:
                 grown_ids.append(request.internal_id)
                 grown_tokens.append(token)
+                outputs.append(
+                    EngineCoreOutput(
+                        request.request_id, [token], None, None, None, request.num_prompt_tokens
+                    )
+                )
             else:
                 self.running.remove(request)
                 self._finish(request, status)
-            outputs.append(self._make_output(request, [token]))
+                outputs.append(self._make_output(request, [token]))
         if grown_ids:
             self.batch_builder.append_tokens(
                 np.asarray(grown_ids, dtype=np.int64), np.asarray(grown_tokens, dtype=np.int64)
