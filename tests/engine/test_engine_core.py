@@ -82,12 +82,12 @@ def hf_greedy(default_model_path, prompts) -> list[list[int]]:
     return refs
 
 
-def make_engine(path, **cache) -> EngineCore:
+def make_engine(path, scheduler: SchedulerConfig | None = None, **cache) -> EngineCore:
     return EngineCore(
         EngineConfig(
             model=ModelConfig(model=str(path), dtype="float32", max_model_len=512),
             cache=CacheConfig(**cache),
-            scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512),
+            scheduler=scheduler or SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512),
         )
     )
 
@@ -181,3 +181,59 @@ def test_abort_and_rejections_free_every_block(default_model_path, prompts):
         engine.add_request(EngineCoreRequest("big2", [5] * 100, too_many))
     with pytest.raises(ValueError, match="at least one token"):
         engine.add_request(EngineCoreRequest("empty", [], params))
+
+
+@pytest.mark.parametrize(
+    ("budget", "threshold", "num_prompts"),
+    [(64, 1, 4), (7, 0, 6), (100, 33, 8)],
+    ids=["chunk-1", "budget-7", "threshold-33"],
+)
+def test_chunked_prefill_matches_whole_prefill(
+    default_model_path, prompts, hf_greedy, budget, threshold, num_prompts
+):
+    sched = SchedulerConfig(
+        scheduler="chunked_prefill",
+        max_num_seqs=8,
+        max_num_batched_tokens=budget,
+        policy_config={"long_prefill_token_threshold": threshold},
+    )
+    engine = make_engine(default_model_path, sched, num_kv_blocks=256, block_size=16)
+    got = run_overlapping(engine, prompts[:num_prompts])
+    for i, ref in enumerate(hf_greedy[:num_prompts]):
+        assert got[f"p{i}"] == ref, f"prompt {i} ({len(prompts[i])} tokens)"
+    log = list(engine.step_log)
+    assert max(sum(n for _, n in rec.scheduled) for rec in log) <= budget
+    if threshold:
+        assert max(n for rec in log for _, n in rec.scheduled) <= threshold
+
+
+def test_priority_preempts_low_and_victim_output_is_unchanged(
+    default_model_path, prompts, hf_greedy
+):
+    # 42 blocks x 8 tokens: the 310-token request fills 39 blocks; the 128-token
+    # high-priority request cannot fit without preempting it.
+    sched = SchedulerConfig(
+        scheduler="priority",
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        policy_config={"aging_steps": 0},
+    )
+    engine = make_engine(default_model_path, sched, num_kv_blocks=42, block_size=8)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+    engine.add_request(EngineCoreRequest("low", prompts[7], params, priority=5))
+    tokens: dict[str, list[int]] = {"low": [], "high": []}
+    finished_order = []
+    for step in range(10_000):
+        if step == 3:
+            engine.add_request(EngineCoreRequest("high", prompts[5], params, priority=0))
+        for out in engine.step():
+            tokens[out.request_id].extend(out.new_token_ids)
+            if out.finished:
+                finished_order.append(out.request_id)
+        if step > 3 and not engine.has_unfinished_requests():
+            break
+    assert engine.stats()["num_preemptions_total"] >= 1
+    assert finished_order == ["high", "low"]
+    assert tokens["high"] == hf_greedy[5]
+    assert tokens["low"] == hf_greedy[7]
+    assert engine.stats()["num_free_blocks"] == engine.stats()["num_kv_blocks"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -50,6 +51,8 @@ class Scheduler:
     #: Whether the policy may split a prompt across steps. Policies that keep
     #: prompts whole need a token budget of at least ``max_model_len``.
     supports_chunked_prefill: bool = False
+    #: The policy's options (``--scheduler-config`` keys) and their defaults.
+    default_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -63,7 +66,15 @@ class Scheduler:
                 f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= "
                 f"max_model_len ({max_model_len}) for a scheduler that keeps prompts whole"
             )
+        unknown = set(config.policy_config) - set(self.default_options)
+        if unknown:
+            raise ValueError(
+                f"unknown scheduler_config keys for {type(self).__name__}: {sorted(unknown)}; "
+                f"accepted: {sorted(self.default_options) or 'none'}"
+            )
+        self.options: dict[str, Any] = {**self.default_options, **config.policy_config}
         self.config = config
+        self.num_steps = 0
         self.kv_cache_manager = kv_cache_manager
         self.batch_builder = batch_builder
         self.max_model_len = max_model_len
@@ -143,6 +154,16 @@ class Scheduler:
         remaining = request.num_tokens - request.num_computed_tokens
         return remaining if remaining <= token_budget else 0
 
+    def on_admitted(self, request: Request) -> None:
+        """Called when ``request`` moves from ``waiting`` to ``running``."""
+
+    def on_finished(self, request: Request) -> None:
+        """Called when ``request`` finishes (any reason, abort included)."""
+
+    def order_running(self, running: list[Request]) -> list[Request]:
+        """Order in which running requests get this step's budget (default: admission order)."""
+        return running
+
     def select_victim(self, running: Sequence[Request]) -> Request:
         """Choose the running request to preempt when KV blocks run out.
 
@@ -157,6 +178,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step: running requests first, then admissions from waiting."""
+        self.num_steps += 1
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
@@ -165,7 +187,7 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         kept: list[Request] = []
-        queue = deque(self.running)
+        queue = deque(self.order_running(self.running))
         while queue and budget > 0:
             request = queue.popleft()
             num_new = self.num_tokens_to_schedule(request, budget)
@@ -182,10 +204,7 @@ class Scheduler:
                     queue.remove(victim)
                 else:
                     kept.remove(victim)
-                    if victim in out.scheduled:
-                        idx = out.scheduled.index(victim)
-                        budget += out.num_scheduled_tokens.pop(idx)
-                        out.scheduled.pop(idx)
+                    budget += self._unschedule(out, victim)
             else:
                 kept.append(request)
                 out.add(request, num_new)
@@ -202,8 +221,18 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            self.on_admitted(request)
             out.add(request, num_new)
             budget -= num_new
+
+    @staticmethod
+    def _unschedule(out: SchedulerOutput, request: Request) -> int:
+        """Take ``request`` out of this step's plan; returns the tokens freed."""
+        if request not in out.scheduled:
+            return 0
+        idx = out.scheduled.index(request)
+        out.scheduled.pop(idx)
+        return out.num_scheduled_tokens.pop(idx)
 
     def _allocate(self, request: Request, num_new: int) -> bool:
         return self.kv_cache_manager.allocate_slots(
@@ -281,6 +310,7 @@ class Scheduler:
         self.kv_cache_manager.free(request.internal_id)
         self.batch_builder.remove_request(request.internal_id)
         del self.requests[request.request_id]
+        self.on_finished(request)
 
     @staticmethod
     def _make_output(request: Request, new_token_ids: list[int]) -> EngineCoreOutput:

@@ -1,0 +1,51 @@
+"""Chunked prefill: one token budget per step shared by decodes and prompt chunks."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from paternoster.request import Request
+from paternoster.scheduling.scheduler import Scheduler
+
+
+class ChunkedPrefillScheduler(Scheduler):
+    """Decodes first, then prompt chunks, all under ``max_num_batched_tokens``.
+
+    Every step, running requests that are decoding get their one token first;
+    the rest of the budget goes to prompt chunks (running requests whose
+    prefill is unfinished, then new admissions in arrival order). A long
+    prompt is split across steps, so running decodes keep flowing while it
+    is prefilled (Sarathi-Serve, Agrawal et al., OSDI'24; vLLM's chunked
+    prefill). ``max_num_batched_tokens`` may be smaller than
+    ``max_model_len``.
+
+    Options (``--scheduler-config``):
+        long_prefill_token_threshold: most prompt tokens one request may
+            compute in one step (tokens); ``0`` means "the whole budget".
+    Raises:
+        ValueError: a negative ``long_prefill_token_threshold``.
+    """
+
+    name = "chunked_prefill"
+    supports_chunked_prefill = True
+    default_options: ClassVar[dict[str, Any]] = {"long_prefill_token_threshold": 0}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        cap = self.options["long_prefill_token_threshold"]
+        if not isinstance(cap, int) or cap < 0:
+            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0, got {cap!r}")
+        self.long_prefill_token_threshold = cap
+
+    def order_running(self, running: list[Request]) -> list[Request]:
+        """Decoding requests first (stable), then unfinished prefills."""
+        decoding = [r for r in running if r.num_tokens - r.num_computed_tokens == 1]
+        prefilling = [r for r in running if r.num_tokens - r.num_computed_tokens != 1]
+        return decoding + prefilling
+
+    def num_tokens_to_schedule(self, request: Request, token_budget: int) -> int:
+        """All remaining tokens, cut to the budget and the per-request threshold."""
+        n = min(request.num_tokens - request.num_computed_tokens, token_budget)
+        if self.long_prefill_token_threshold:
+            n = min(n, self.long_prefill_token_threshold)
+        return n
