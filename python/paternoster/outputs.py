@@ -84,6 +84,7 @@ def fan_out(
     params: SamplingParams,
     first_index: int = 0,
     max_model_len: int | None = None,
+    priority: int = 0,
 ) -> list[tuple[int, EngineCoreRequest]]:
     """Split a request with ``params.n`` choices into ``n`` engine requests.
 
@@ -99,6 +100,7 @@ def fan_out(
             HTTP request, prompt ``p`` starts at ``p * n``).
         max_model_len: when given and ``params.max_tokens`` is ``None``, each
             choice gets ``max_model_len - len(prompt_token_ids)`` tokens.
+        priority: scheduling priority of every choice (lower runs first).
     Returns:
         ``[(choice_index, EngineCoreRequest)]`` of length ``n``.
     """
@@ -110,7 +112,10 @@ def fan_out(
         seed = None if params.seed is None else params.seed + i
         sub = dataclasses.replace(params, n=1, seed=seed, max_tokens=max_tokens)
         index = first_index + i
-        out.append((index, EngineCoreRequest(f"{request_id}-{index}", list(prompt_token_ids), sub)))
+        req = EngineCoreRequest(
+            f"{request_id}-{index}", list(prompt_token_ids), sub, priority=priority
+        )
+        out.append((index, req))
     return out
 
 

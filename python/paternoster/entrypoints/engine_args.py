@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
+from pathlib import Path
 
 from paternoster.config import (
     SUPPORTED_DTYPES,
@@ -12,6 +14,7 @@ from paternoster.config import (
     ModelConfig,
     SchedulerConfig,
 )
+from paternoster.scheduling.registry import load_scheduler_class
 
 _UNITS = {
     "": 1, "b": 1,
@@ -59,6 +62,7 @@ def build_engine_config(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     scheduler: str = "fcfs",
+    scheduler_config: dict | str | None = None,
     num_threads: int = 1,
     seed: int = 0,
 ) -> EngineConfig:
@@ -74,7 +78,9 @@ def build_engine_config(
         kv_cache_memory: bytes (int or e.g. ``"2GiB"``) for the KV cache.
         max_num_seqs: most requests per step.
         max_num_batched_tokens: token budget per step.
-        scheduler: scheduler plugin name.
+        scheduler: scheduler plugin name (entry-point group ``paternoster.schedulers``).
+        scheduler_config: the policy's options: a dict, a JSON object string,
+            or the path of a JSON file.
         num_threads: torch threads in the engine.
         seed: engine-wide RNG seed.
     Returns:
@@ -85,7 +91,11 @@ def build_engine_config(
     cache = {"block_size": block_size, "num_kv_blocks": num_kv_blocks}
     if kv_cache_memory is not None:
         cache["kv_cache_memory"] = parse_bytes(kv_cache_memory)
-    sched: dict = {"scheduler": scheduler}
+    load_scheduler_class(scheduler)  # unknown name: ValueError listing the installed ones
+    sched: dict = {
+        "scheduler": scheduler,
+        "policy_config": parse_scheduler_config(scheduler_config),
+    }
     if max_num_seqs is not None:
         sched["max_num_seqs"] = max_num_seqs
     if max_num_batched_tokens is not None:
@@ -109,8 +119,35 @@ def build_engine_config(
 ENGINE_ARG_NAMES = (
     "served_model_name", "dtype", "max_model_len", "block_size", "num_kv_blocks",
     "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "scheduler",
-    "num_threads", "seed",
+    "scheduler_config", "num_threads", "seed",
 )  # fmt: skip
+
+
+def parse_scheduler_config(value: dict | str | None) -> dict:
+    """A policy's options from a dict, a JSON object string or a JSON file path.
+
+    Raises:
+        ValueError: not a JSON object, unreadable file or malformed JSON.
+    """
+    if value is None or value == "":
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    text = value
+    if not value.lstrip().startswith("{"):
+        try:
+            text = Path(value).read_text()
+        except OSError as e:
+            raise ValueError(
+                f"scheduler_config must be a JSON object or a JSON file path: {e}"
+            ) from None
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"scheduler_config is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("scheduler_config must be a JSON object")
+    return parsed
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -129,5 +166,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=None, help="most requests per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step")
     g.add_argument("--scheduler", default="fcfs", help="scheduler plugin name")
+    g.add_argument(
+        "--scheduler-config", default=None,
+        help="the scheduler's options: a JSON object or the path of a JSON file",
+    )  # fmt: skip
     g.add_argument("--num-threads", type=int, default=1, help="torch threads in the engine")
     g.add_argument("--seed", type=int, default=0)

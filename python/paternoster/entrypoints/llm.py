@@ -55,6 +55,7 @@ class LLM:
         prompts: str | Sequence[str] | Sequence[list[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        priority: int | Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt, batched continuously.
 
@@ -64,6 +65,8 @@ class LLM:
             sampling_params: one for all prompts, one per prompt, or ``None``
                 (defaults: temperature 1, max_tokens 16).
             use_tqdm: show a progress bar over finished prompts.
+            priority: scheduling priority, one for all prompts or one per
+                prompt (lower runs first; used by the ``priority`` scheduler).
         Returns:
             One :class:`RequestOutput` per prompt, in input order, each with
             ``n`` choices ordered by index.
@@ -72,7 +75,7 @@ class LLM:
                 engine refuses (e.g. longer than ``max_model_len``).
         """
         token_prompts, texts = self._tokenize(prompts)
-        return self._run(token_prompts, texts, sampling_params, use_tqdm)
+        return self._run(token_prompts, texts, sampling_params, use_tqdm, priority)
 
     def chat(
         self,
@@ -128,6 +131,7 @@ class LLM:
         texts: list[str | None],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
+        priority: int | Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -139,6 +143,14 @@ class LLM:
                 raise ValueError(
                     f"got {len(params_list)} sampling params for {len(token_prompts)} prompts"
                 )
+        if priority is None or isinstance(priority, int):
+            priorities = [priority or 0] * len(token_prompts)
+        else:
+            priorities = [int(p) for p in priority]
+            if len(priorities) != len(token_prompts):
+                raise ValueError(
+                    f"got {len(priorities)} priorities for {len(token_prompts)} prompts"
+                )
         results: list[RequestOutput] = []
         states: dict[str, tuple[int, SequenceState]] = {}
         try:
@@ -147,7 +159,8 @@ class LLM:
                     raise ValueError(f"prompt {p} is empty")
                 rid = str(next(self._ids))
                 results.append(RequestOutput(rid, text, ids))
-                for index, req in fan_out(rid, ids, params, 0, self.max_model_len):
+                reqs = fan_out(rid, ids, params, 0, self.max_model_len, priorities[p])
+                for index, req in reqs:
                     self.engine.add_request(req)
                     states[req.request_id] = (p, SequenceState(index, self.tokenizer, ids, params))
             self._step_until_done(results, states, use_tqdm)

@@ -113,6 +113,7 @@ def build_app(client: EngineClient, tokenizer: Any, served_model_name: str) -> F
                 "dead_reason": client.dead_reason,
                 "num_in_flight": client.num_in_flight,
                 "engine_pid": client.pid,
+                "scheduler": client.info.get("scheduler"),
                 "engine": client.stats,
             }
         )

@@ -37,6 +37,7 @@ class _SamplingFields(_Request):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    priority: int = 0
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

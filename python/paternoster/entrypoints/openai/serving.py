@@ -65,6 +65,8 @@ class Generation:
         prompts: tokenized prompts.
         params: sampling params (``n`` choices per prompt).
         max_model_len: resolves ``params.max_tokens=None`` per prompt.
+        priority: scheduling priority (lower runs first; used by the
+            ``priority`` scheduler, ignored by others).
     """
 
     def __init__(
@@ -75,13 +77,14 @@ class Generation:
         prompts: list[list[int]],
         params: SamplingParams,
         max_model_len: int | None = None,
+        priority: int = 0,
     ):
         self.client = client
         self.prompts = prompts
         self.jobs = []
         for p, ids in enumerate(prompts):
             first = p * params.n
-            for index, req in fan_out(request_id, ids, params, first, max_model_len):
+            for index, req in fan_out(request_id, ids, params, first, max_model_len, priority):
                 self.jobs.append((req, SequenceState(index, tokenizer, ids, req.sampling_params)))
 
     @property
@@ -171,8 +174,9 @@ class OpenAIServing:
         params = self._sampling_params(body, body.max_tokens, prompts)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         gen = Generation(
-            self.client, self.tokenizer, request_id, prompts, params, self.max_model_len
-        )
+            self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
+            body.priority,
+        )  # fmt: skip
         created = int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -204,8 +208,9 @@ class OpenAIServing:
         params = self._sampling_params(body, max_tokens, prompts)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         gen = Generation(
-            self.client, self.tokenizer, request_id, prompts, params, self.max_model_len
-        )
+            self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
+            body.priority,
+        )  # fmt: skip
         created = int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
