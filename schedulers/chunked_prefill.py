@@ -43,6 +43,22 @@ class ChunkedPrefillScheduler(Scheduler):
         prefilling = [r for r in running if r.num_tokens - r.num_computed_tokens != 1]
         return decoding + prefilling
 
+    def can_admit(self, request: Request) -> bool:
+        """Admit only when the KV cache has room for the whole prompt, on top of
+        what the running requests still need to finish their own prompts.
+
+        Allocating only the first chunk's blocks would admit requests that are
+        then preempted again and again as their prompts grow (thrashing).
+        """
+        kv = self.kv_cache_manager
+        reserved = sum(
+            kv.num_required_blocks(r.internal_id, r.num_tokens)
+            for r in self.running
+            if r.num_tokens - r.num_computed_tokens > 1
+        )
+        needed = kv.num_required_blocks(request.internal_id, request.num_tokens)
+        return needed + reserved <= kv.num_free_blocks()
+
     def num_tokens_to_schedule(self, request: Request, token_budget: int) -> int:
         """All remaining tokens, cut to the budget and the per-request threshold."""
         n = min(request.num_tokens - request.num_computed_tokens, token_budget)

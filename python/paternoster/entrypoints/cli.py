@@ -1,4 +1,5 @@
-"""The ``paternoster`` command: ``paternoster serve [MODEL_DIR] [flags]``.
+"""The ``paternoster`` command: ``paternoster serve [MODEL_DIR] [flags]`` and
+``paternoster simulate [flags]`` (the model-free scheduler simulator).
 
 Starts the engine process, then the OpenAI-compatible HTTP server. Without
 MODEL_DIR it serves the embedded default model (SmolLM2-135M-Instruct).
@@ -48,6 +49,11 @@ def make_parser() -> argparse.ArgumentParser:
         help="seconds without a heartbeat before the engine is declared dead",
     )  # fmt: skip
     g.add_argument("--engine-cls", default=None, help=argparse.SUPPRESS)  # tests: a fake engine
+    from paternoster.simulate.cli import add_simulate_args
+
+    add_simulate_args(
+        sub.add_parser("simulate", help="run scheduler policies on a trace with a cost model")
+    )
     return parser
 
 
@@ -134,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         The process exit code.
     """
     args = make_parser().parse_args(argv)
+    if args.command == "simulate":
+        from paternoster.simulate.cli import run
+
+        return run(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s [%(name)s] %(message)s",

@@ -154,6 +154,11 @@ class Scheduler:
         remaining = request.num_tokens - request.num_computed_tokens
         return remaining if remaining <= token_budget else 0
 
+    def can_admit(self, request: Request) -> bool:
+        """Whether the head of ``waiting`` may be admitted now (checked before
+        KV allocation; ``False`` stops admission this step). Default: True."""
+        return True
+
     def on_admitted(self, request: Request) -> None:
         """Called when ``request`` moves from ``waiting`` to ``running``."""
 
@@ -215,6 +220,8 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if not self.can_admit(request):
+                break
             num_new = self.num_tokens_to_schedule(request, budget)
             if num_new <= 0 or not self._allocate(request, num_new):
                 break

@@ -1,0 +1,257 @@
+"""Step-time cost model of the simulator: a linear function of what a step computes.
+
+``t = overhead + a_prefill * prefill_tokens + a_decode * decode_tokens
++ a_kv * decode_kv_tokens + a_kv_prefill * prefill_kv_tokens`` seconds. The
+per-step overhead covers what does not grow with the batch (reading the
+weights once per forward on a memory-bound CPU, launch and Python costs); the
+per-token terms cover the linear layers (a decode row also pays the LM head,
+which a prefill chunk pays only once); the KV terms cover attention, whose work
+grows with the keys each query token attends to. Decode and prefill attention
+get separate coefficients because their kernels differ: a decode query reads
+every cached K/V row for itself (memory bound), while a prefill chunk's queries
+share each K/V tile (compute bound), so one attended key costs a decode several
+times what it costs a prefill token. With ``a_kv_prefill`` unset both use
+``a_kv``: the four-term model ``overhead + a_prefill * prefill_tokens +
+a_decode * decode_tokens + a_kv * kv_tokens``. The shape follows the cost
+models of Orca (Yu et al., OSDI'22) and Sarathi-Serve (Agrawal et al.,
+OSDI'24): a fixed part, per-token parts and an attention part.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one step computes: the cost model's inputs.
+
+    Attributes:
+        prefill_tokens: query tokens of rows that (re)compute prompt or, after a
+            preemption, already generated tokens (tokens).
+        decode_tokens: query tokens of decode rows: one new token of a request
+            whose prompt is already in the KV cache (tokens).
+        decode_kv_tokens: keys attended by the decode tokens (each attends its
+            whole context, ``c + 1`` keys) (tokens).
+        prefill_kv_tokens: keys attended by the prefill tokens, summed over
+            query tokens: a row with ``c`` cached tokens computing ``n`` new
+            ones attends ``n * c + n * (n + 1) / 2`` keys (tokens).
+        num_seqs: rows in the batch (requests).
+    """
+
+    prefill_tokens: int
+    decode_tokens: int
+    decode_kv_tokens: int
+    prefill_kv_tokens: int
+    num_seqs: int
+
+    @property
+    def kv_tokens(self) -> int:
+        """Keys attended, summed over every query token of the step (tokens)."""
+        return self.decode_kv_tokens + self.prefill_kv_tokens
+
+    @classmethod
+    def from_arrays(
+        cls, num_computed: np.ndarray, num_scheduled: np.ndarray, num_prompt: np.ndarray
+    ) -> StepWork:
+        """Classify a step's rows.
+
+        Args:
+            num_computed: int ``[B]``, tokens already in the KV cache per row.
+            num_scheduled: int ``[B]``, tokens computed this step per row (>= 1).
+            num_prompt: int ``[B]``, prompt length per row.
+        Returns:
+            The step's work; a row is a decode row when it computes one token
+            and its prompt is already cached (``n == 1 and c >= prompt``).
+        """
+        c = np.asarray(num_computed, dtype=np.int64)
+        n = np.asarray(num_scheduled, dtype=np.int64)
+        decode = (n == 1) & (c >= np.asarray(num_prompt, dtype=np.int64))
+        kv = n * c + n * (n + 1) // 2
+        num_decode = int(np.count_nonzero(decode))
+        decode_kv = int(kv[decode].sum())
+        return cls(
+            prefill_tokens=int(n.sum()) - num_decode,
+            decode_tokens=num_decode,
+            decode_kv_tokens=decode_kv,
+            prefill_kv_tokens=int(kv.sum()) - decode_kv,
+            num_seqs=len(n),
+        )
+
+    def features(self) -> list[float]:
+        """``[1, prefill_tokens, decode_tokens, decode_kv_tokens, prefill_kv_tokens]``,
+        the regression row."""
+        return [
+            1.0,
+            float(self.prefill_tokens),
+            float(self.decode_tokens),
+            float(self.decode_kv_tokens),
+            float(self.prefill_kv_tokens),
+        ]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Step time in seconds as a linear function of :class:`StepWork`.
+
+    Attributes:
+        overhead: seconds per step, whatever it computes.
+        a_prefill: seconds per prefill (or recompute) token.
+        a_decode: seconds per decode token.
+        a_kv: seconds per key attended by a decode token (and by a prefill
+            token too when ``a_kv_prefill`` is ``None``).
+        a_kv_prefill: seconds per key attended by a prefill token, or ``None``
+            (the four-term model: ``a_kv`` for every attended key).
+        source: free text: where the coefficients come from.
+    Raises:
+        ValueError: a negative or non-finite coefficient (the message names it).
+    """
+
+    overhead: float
+    a_prefill: float
+    a_decode: float
+    a_kv: float
+    a_kv_prefill: float | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("overhead", "a_prefill", "a_decode", "a_kv", "a_kv_prefill"):
+            value = getattr(self, name)
+            if value is None and name == "a_kv_prefill":
+                continue
+            if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+                raise ValueError(f"cost model {name} must be a finite number >= 0, got {value!r}")
+
+    @classmethod
+    def unit(cls) -> CostModel:
+        """Every step costs exactly 1 time unit (time then counts steps)."""
+        return cls(1.0, 0.0, 0.0, 0.0, source="unit: one time unit per step")
+
+    @property
+    def per_key_prefill(self) -> float:
+        """Seconds per key attended by a prefill token (``a_kv_prefill`` or ``a_kv``)."""
+        return self.a_kv if self.a_kv_prefill is None else self.a_kv_prefill
+
+    def step_time(self, work: StepWork) -> float:
+        """Seconds one step with this work takes."""
+        return (
+            self.overhead
+            + self.a_prefill * work.prefill_tokens
+            + self.a_decode * work.decode_tokens
+            + self.a_kv * work.decode_kv_tokens
+            + self.per_key_prefill * work.prefill_kv_tokens
+        )
+
+    # ------------------------------------------------------------ persistence
+
+    def to_dict(self) -> dict:
+        """The fields as a JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostModel:
+        """Build from a dict with keys ``overhead``, ``a_prefill``, ``a_decode``,
+        ``a_kv`` (and optionally ``a_kv_prefill`` and ``source``; other keys are
+        ignored).
+
+        Raises:
+            ValueError: a key is missing or a value is out of range.
+        """
+        missing = [k for k in ("overhead", "a_prefill", "a_decode", "a_kv") if k not in d]
+        if missing:
+            raise ValueError(f"cost model is missing {missing}")
+        return cls(
+            overhead=d["overhead"],
+            a_prefill=d["a_prefill"],
+            a_decode=d["a_decode"],
+            a_kv=d["a_kv"],
+            a_kv_prefill=d.get("a_kv_prefill"),
+            source=str(d.get("source", "")),
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write the model as a JSON object to ``path``."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        """Read a model written by :meth:`save`.
+
+        Raises:
+            ValueError: unreadable file, malformed JSON or bad fields.
+        """
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read cost model {path}: {e}") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"cost model {path} is not a JSON object")
+        return cls.from_dict(d)
+
+    # ------------------------------------------------------------------ fit
+
+    @classmethod
+    def fit(
+        cls, works: list[StepWork], seconds: list[float], source: str = "", split_kv: bool = True
+    ) -> tuple[CostModel, float]:
+        """Least-squares fit of the five coefficients to measured step times.
+
+        Minimises the *relative* error (each row weighted by ``1 / seconds``), so
+        that 50 ms decode steps count as much as 1 s prefills, under the
+        constraint that every coefficient is >= 0 (a coefficient the
+        unconstrained fit makes negative is fixed at 0 and the rest refitted).
+
+        Args:
+            works: the measured steps (at least 5, varied enough to separate terms).
+            seconds: their measured durations (> 0), same order.
+            source: stored in the returned model's ``source``.
+            split_kv: fit ``a_kv`` and ``a_kv_prefill`` apart (five terms);
+                ``False`` fits one ``a_kv`` for every attended key (four terms,
+                ``a_kv_prefill`` left ``None``).
+        Returns:
+            ``(model, r2)``: the fit and its coefficient of determination on
+            ``seconds`` (unweighted).
+        Raises:
+            ValueError: fewer than 5 samples, lengths differ, or a time <= 0.
+        """
+        if len(works) != len(seconds) or len(works) < 5:
+            raise ValueError("fit needs at least 5 (work, seconds) pairs of equal count")
+        y = np.asarray(seconds, dtype=np.float64)
+        if np.any(y <= 0):
+            raise ValueError("measured step times must be > 0")
+        x = np.asarray([w.features() for w in works], dtype=np.float64)
+        if not split_kv:
+            x = np.column_stack([x[:, :3], x[:, 3] + x[:, 4]])
+        xw, yw = x / y[:, None], np.ones_like(y)
+        active = list(range(x.shape[1]))
+        coef = np.zeros(x.shape[1])
+        while active:
+            sol, *_ = np.linalg.lstsq(xw[:, active], yw, rcond=None)
+            if np.all(sol >= 0):
+                coef[:] = 0.0
+                coef[active] = sol
+                break
+            active.pop(int(np.argmin(sol)))
+        pred = x @ coef
+        ss_tot = float(np.sum((y - y.mean()) ** 2))
+        r2 = 1.0 - float(np.sum((y - pred) ** 2)) / ss_tot if ss_tot > 0 else 1.0
+        model = cls(*(float(v) for v in coef), source=source)  # a_kv_prefill None if 4 terms
+        return model, r2
+
+
+#: Calibrated on the project's 2-core CPU (SmolLM2-135M-Instruct, bf16, one
+#: thread, block size 16; R^2 = 0.998 over 19 probes) with
+#: ``paternoster simulate --calibrate``; see docs/benchmarks.md. The simulator's
+#: default.
+DEFAULT_COST_MODEL = CostModel(
+    overhead=46.28e-3,
+    a_prefill=332.9e-6,
+    a_decode=696.1e-6,
+    a_kv=2.911e-6,
+    a_kv_prefill=0.5803e-6,
+    source="calibrated: SmolLM2-135M-Instruct, bf16, 1 thread, block size 16, 2-core CPU",
+)

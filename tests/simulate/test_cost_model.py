@@ -1,0 +1,74 @@
+"""The cost model: work classification, step time, JSON round trip, least-squares fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paternoster.simulate import CostModel, StepWork
+
+
+def test_step_work_classifies_rows():
+    # a decode row (c=10, prompt 8), a prefill chunk (c=0..3 of a 10-token prompt),
+    # a 1-token chunk of a prompt (c=5 < prompt 9): prefill
+    w = StepWork.from_arrays(np.array([10, 0, 5]), np.array([1, 4, 1]), np.array([8, 10, 9]))
+    assert (w.prefill_tokens, w.decode_tokens, w.num_seqs) == (5, 1, 3)
+    assert (w.decode_kv_tokens, w.prefill_kv_tokens) == (11, 10 + 6)
+    assert w.kv_tokens == 27
+
+
+def test_four_term_model_charges_every_key_at_a_kv():
+    w = StepWork(100, 10, 1000, 5000, 11)
+    four = CostModel(0.01, 1e-4, 1e-3, 1e-6)
+    assert four.step_time(w) == pytest.approx(0.01 + 1e-2 + 1e-2 + 6000e-6)
+    five = CostModel(0.01, 1e-4, 1e-3, 1e-6, a_kv_prefill=1e-7)
+    assert five.step_time(w) == pytest.approx(0.01 + 1e-2 + 1e-2 + 1000e-6 + 5000e-7)
+
+
+def test_unit_cost_is_one_per_step():
+    assert CostModel.unit().step_time(StepWork(500, 30, 10_000, 20_000, 31)) == 1.0
+
+
+def test_json_round_trip(tmp_path):
+    cm = CostModel(0.05, 4e-4, 1.5e-3, 2e-9, 5e-10, source="test")
+    cm.save(tmp_path / "cm.json")
+    assert CostModel.load(tmp_path / "cm.json") == cm
+
+
+def test_bad_coefficients_and_files_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="a_decode"):
+        CostModel(0.1, 0.0, -1.0, 0.0)
+    (tmp_path / "bad.json").write_text('{"overhead": 1}')
+    with pytest.raises(ValueError, match="missing"):
+        CostModel.load(tmp_path / "bad.json")
+
+
+def test_fit_recovers_known_coefficients():
+    true = CostModel(0.05, 4e-4, 1.5e-3, 3e-6, 5e-7)
+    rng = np.random.default_rng(0)
+    works = [
+        StepWork(int(p), int(d), int(dk), int(pk), 1)
+        for p, d, dk, pk in zip(rng.integers(0, 2000, 30), rng.integers(0, 64, 30),
+                                rng.integers(0, 100_000, 30), rng.integers(0, 2_000_000, 30))
+    ]  # fmt: skip
+    fitted, r2 = CostModel.fit(works, [true.step_time(w) for w in works])
+    assert r2 > 0.9999
+    for name in ("overhead", "a_prefill", "a_decode", "a_kv", "a_kv_prefill"):
+        assert getattr(fitted, name) == pytest.approx(getattr(true, name), rel=1e-6)
+
+
+def test_fit_keeps_coefficients_non_negative():
+    works = [StepWork(p, 0, 0, 0, 1) for p in (0, 10, 20, 30, 40)]
+    seconds = [1.0, 0.9, 0.8, 0.7, 0.6]  # time falls with tokens: the slope is clamped to 0
+    fitted, _ = CostModel.fit(works, seconds)
+    assert fitted.a_prefill == 0.0 and fitted.overhead > 0
+
+
+def test_four_term_fit_leaves_a_kv_prefill_unset():
+    true = CostModel(0.02, 3e-4, 6e-4, 1e-6)
+    works = [StepWork(p, d, dk, pk, 1) for p, d, dk, pk in
+             [(0, 1, 100, 0), (512, 0, 0, 131_328), (0, 32, 16_000, 0), (256, 16, 4000, 295_040),
+              (1024, 0, 0, 524_800), (0, 8, 24_000, 0)]]  # fmt: skip
+    fitted, r2 = CostModel.fit(works, [true.step_time(w) for w in works], split_kv=False)
+    assert fitted.a_kv_prefill is None and r2 > 0.9999
+    assert fitted.a_kv == pytest.approx(1e-6, rel=1e-6)

@@ -1,0 +1,66 @@
+"""Traces (JSONL, synthetic mix) and the ``paternoster simulate`` command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paternoster.simulate import TraceRequest, load_trace, save_trace, synthetic_mix
+from paternoster.simulate.cli import main
+
+
+def test_mix_is_seeded_and_respects_max_model_len():
+    a = synthetic_mix(200, rate=2.0, seed=7, max_model_len=2048)
+    assert a == synthetic_mix(200, rate=2.0, seed=7, max_model_len=2048)
+    assert a != synthetic_mix(200, rate=2.0, seed=8, max_model_len=2048)
+    assert a[0].arrival_time == 0.0
+    assert [r.arrival_time for r in a] == sorted(r.arrival_time for r in a)
+    assert all(r.prompt_len + r.output_len <= 2048 for r in a)
+    assert {r.tag for r in a} == {"chat", "summary", "long_prompt"}
+    assert {r.priority for r in a} == {0, 1, 2}
+
+
+def test_trace_round_trip_and_errors(tmp_path):
+    trace = [TraceRequest(0.0, 10, 3), TraceRequest(0.5, 20, 4, priority=2, request_id="x")]
+    save_trace(trace, tmp_path / "t.jsonl")
+    assert load_trace(tmp_path / "t.jsonl") == trace
+    (tmp_path / "bad.jsonl").write_text('{"arrival_time": 0, "prompt_len": 0, "output_len": 1}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: prompt_len"):
+        load_trace(tmp_path / "bad.jsonl")
+    (tmp_path / "extra.jsonl").write_text('{"arrival_time": 0, "prompt_len": 1, "foo": 1}\n')
+    with pytest.raises(ValueError, match="unknown fields"):
+        load_trace(tmp_path / "extra.jsonl")
+
+
+def test_cli_mix_writes_json_and_png(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["--mix", "--num-requests", "6", "--rate", "4", "--max-model-len", "1024",
+               "--num-kv-blocks", "256", "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    data = json.loads((out / "fcfs.json").read_text())
+    assert data["summary"]["num_requests"] == 6 and len(data["requests"]) == 6
+    assert (out / "fcfs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "trace.jsonl").exists()
+    assert "| fcfs |" in capsys.readouterr().out
+
+
+def test_cli_compare_runs_each_policy_on_the_same_trace(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    save_trace(synthetic_mix(5, rate=3.0, seed=1, max_model_len=512), trace)
+    rc = main(["--trace", str(trace), "--compare", "fcfs,chunked_prefill", "--unit-cost",
+               "--max-model-len", "512", "--num-kv-blocks", "128", "--no-plot",
+               "--scheduler-config", '{"chunked_prefill": {"long_prefill_token_threshold": 64}}',
+               "--out", str(tmp_path / "o")])  # fmt: skip
+    assert rc == 0
+    table = (tmp_path / "o" / "summary.md").read_text()
+    assert "| fcfs |" in table and "| chunked_prefill |" in table
+    cp = json.loads((tmp_path / "o" / "chunked_prefill.json").read_text())
+    assert cp["scheduler_config"] == {"long_prefill_token_threshold": 64}
+
+
+def test_cli_bad_input_exits_2(tmp_path, capsys):
+    assert main(["--out", str(tmp_path)]) == 2
+    assert "--trace PATH or --mix" in capsys.readouterr().err
+    assert main(["--mix", "--scheduler", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown scheduler" in capsys.readouterr().err
