@@ -13,7 +13,7 @@ MODEL ?=
 SERVE_ARGS ?=
 CTEST_BUILD := build/ctest
 
-CORE_SOURCES := CMakeLists.txt pyproject.toml $(shell find core -type f 2>/dev/null)
+CORE_SOURCES := CMakeLists.txt pyproject.toml $(shell find core cuda -type f 2>/dev/null)
 
 .PHONY: install serve test test-cpp test-py lint bench clean
 

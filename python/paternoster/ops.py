@@ -24,20 +24,39 @@ Layouts (all contiguous, same floating dtype, float32 or bfloat16):
 - ``slot_mapping``: int64 ``[T]``, slot = block id * block_size + offset;
   negative = skip the token
 
-Only CPU tensors are supported for now; :data:`_BACKENDS` is the hook where
-the CUDA kernels (``cuda/``) will register.
+Devices: ``cpu`` (the C++ core, float32 or bfloat16) and, when the CUDA
+extension ``paternoster._cuda_ops`` is built and a GPU is present, ``cuda``
+(float16 or bfloat16: the CUDA kernels have no float32 path, serving on a GPU
+runs in 16-bit). On CUDA the kernels are launched on
+``torch.cuda.current_stream()`` without any host synchronisation, so both
+functions can be captured in a CUDA graph; the decode kernel's split-K
+workspace (Flash-Decoding, Dao et al. 2023) is allocated once by the caller
+(:func:`alloc_decode_workspace`) and passed in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import torch
 
 from paternoster import _core
 
-__all__ = ["paged_attention", "reshape_and_cache", "set_num_threads", "get_num_threads"]
+try:  # built only where a CUDA compiler was found
+    from paternoster import _cuda_ops
+except ImportError:  # pragma: no cover - depends on the build
+    _cuda_ops = None
+
+__all__ = [
+    "paged_attention",
+    "reshape_and_cache",
+    "alloc_decode_workspace",
+    "cuda_kernels_available",
+    "set_num_threads",
+    "get_num_threads",
+]
 
 _DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloat16}
 
@@ -46,17 +65,130 @@ get_num_threads = _core.get_num_threads
 
 
 class _Backend(NamedTuple):
-    """Pointer-level kernels for one device type."""
+    """Pointer-level kernels for one device type.
 
+    Attributes:
+        dtypes: accepted torch dtypes -> the kernel's dtype enum value.
+        paged_attention, reshape_and_cache: take the CPU kernels' positional
+            arguments (data pointers, sizes, kernel dtype); non-CPU backends
+            also take keyword arguments (see :class:`_CudaKernels`).
+    """
+
+    dtypes: Mapping[torch.dtype, Any]
     paged_attention: Callable[..., None]
     reshape_and_cache: Callable[..., None]
 
 
-# device type -> kernels. The CUDA build adds "cuda" here (and will pass the
-# current stream); everything above this table is device independent.
+class _CudaKernels:
+    """The CUDA backend: adds the device, its current stream and the split-K
+    workspace to the pointer-level calls of ``paternoster._cuda_ops``.
+
+    Args:
+        module: the extension (a fake in tests).
+        stream: device -> integer ``cudaStream_t`` handle of the current stream.
+        num_sms: device -> its multiprocessor count.
+    """
+
+    def __init__(self, module, stream: Callable[[torch.device], int] | None = None,
+                 num_sms: Callable[[torch.device], int] | None = None) -> None:
+        self.module = module
+        self.stream = stream or _current_stream
+        self.num_sms = num_sms or _num_sms
+        self.dtypes = {torch.float16: module.DType.float16,
+                       torch.bfloat16: module.DType.bfloat16}
+
+    def reshape_and_cache(self, key: int, value: int, key_cache: int, value_cache: int,
+                          slot_mapping: int, num_tokens: int, num_kv_heads: int, head_size: int,
+                          num_slots: int, dtype, *, device: torch.device) -> None:
+        """Launch the cache write on ``device``'s current stream (slots past
+        ``num_slots`` are skipped on the device, not reported)."""
+        self.module.reshape_and_cache(
+            key, value, key_cache, value_cache, slot_mapping, num_tokens, num_kv_heads,
+            head_size, 0, 0, num_slots, dtype, _index(device), self.stream(device),
+        )
+
+    def paged_attention(self, out: int, query: int, key_cache: int, value_cache: int,
+                        block_tables: int, seq_lens: int, query_start_loc: int,
+                        num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads: int,
+                        head_size: int, num_blocks: int, block_size: int,
+                        max_blocks_per_seq: int, scale: float, dtype, *,
+                        device: torch.device, max_query_len: int | None,
+                        max_seq_len: int | None, workspace: torch.Tensor | None) -> None:
+        """Launch the decode (split-K + reduction) and prefill kernels on
+        ``device``'s current stream. Without ``workspace``, one sized for this
+        batch comes from torch's caching allocator (inside a graph capture, from
+        the graph's pool)."""
+        sms = self.num_sms(device)
+        max_seq_len = max(1, max_seq_len or max_blocks_per_seq * block_size)
+        if workspace is None and num_seqs:
+            nbytes = self.module.decode_workspace_bytes(
+                num_seqs, num_heads, num_kv_heads, head_size, max_seq_len, sms
+            )
+            if nbytes:
+                workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        ws_ptr, ws_bytes = (0, 0) if workspace is None else (
+            workspace.data_ptr(), workspace.numel() * workspace.element_size()
+        )
+        self.module.paged_attention(
+            out, query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+            num_tokens, num_seqs, num_heads, num_kv_heads, head_size, num_blocks, block_size,
+            max_blocks_per_seq, 0, 0, num_tokens if max_query_len is None else max_query_len,
+            max_seq_len, scale, dtype, ws_ptr, ws_bytes, sms, _index(device),
+            self.stream(device),
+        )
+
+
+def _index(device: torch.device) -> int:
+    return 0 if device.index is None else device.index
+
+
+def _current_stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# device type -> kernels; everything above this table is device independent.
 _BACKENDS: dict[str, _Backend] = {
-    "cpu": _Backend(_core._paged_attention_ptr, _core._reshape_and_cache_ptr),
+    "cpu": _Backend(_DTYPES, _core._paged_attention_ptr, _core._reshape_and_cache_ptr),
 }
+if _cuda_ops is not None:
+    _cuda = _CudaKernels(_cuda_ops)
+    _BACKENDS["cuda"] = _Backend(_cuda.dtypes, _cuda.paged_attention, _cuda.reshape_and_cache)
+
+
+def cuda_kernels_available() -> bool:
+    """True when the CUDA extension is built and torch sees a GPU."""
+    return "cuda" in _BACKENDS and torch.cuda.is_available()
+
+
+def alloc_decode_workspace(device: torch.device | str, max_num_seqs: int, num_heads: int,
+                           num_kv_heads: int, head_size: int,
+                           max_seq_len: int) -> torch.Tensor | None:
+    """The split-K workspace for every decode batch of up to ``max_num_seqs``
+    sequences with contexts up to ``max_seq_len`` tokens, on a CUDA ``device``.
+
+    Allocate it once (before any CUDA graph capture) and pass it as
+    ``workspace=`` to :func:`paged_attention`. Its size is
+    ``max over B of B * Hq * splits(B) * (D + 2) * 4`` bytes, where
+    ``splits(B)`` is the decode kernel's split count for ``B`` sequences on this
+    device (enough thread blocks to fill it, each split at least 128 context
+    tokens, at most 32 splits): float32 partial outputs, maxima and sums.
+
+    Returns:
+        A uint8 tensor, or None when no batch of these sizes splits.
+    Raises:
+        ValueError: the CUDA extension is not built, or a non-positive size.
+    """
+    if _cuda_ops is None:
+        raise ValueError("the CUDA kernels (paternoster._cuda_ops) are not built")
+    device = torch.device(device)
+    nbytes = _cuda_ops.decode_workspace_bytes(max_num_seqs, num_heads, num_kv_heads, head_size,
+                                              max_seq_len, _num_sms(device))
+    return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
 
 
 def _backend(device: torch.device) -> _Backend:
@@ -92,10 +224,11 @@ def _check(
     return shape
 
 
-def _kernel_dtype(t: torch.Tensor, name: str) -> _core.DType:
-    kernel_dtype = _DTYPES.get(t.dtype)
+def _kernel_dtype(dtypes: Mapping[torch.dtype, Any], t: torch.Tensor, name: str) -> Any:
+    kernel_dtype = dtypes.get(t.dtype)
     if kernel_dtype is None:
-        raise ValueError(f"{name} must be float32 or bfloat16, got {t.dtype}")
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name} must be {names} on {t.device.type}, got {t.dtype}")
     return kernel_dtype
 
 
@@ -109,6 +242,38 @@ def _check_cache(
             f"{tuple(shape)}"
         )
     return shape
+
+
+class _CacheWriteSizes(NamedTuple):
+    num_tokens: int
+    num_kv_heads: int
+    head_size: int
+    num_slots: int
+
+
+def _check_cache_write(key: object, value: object, key_cache: object, value_cache: object,
+                       slot_mapping: object,
+                       dtypes: Mapping[torch.dtype, Any] | None = None) -> _CacheWriteSizes:
+    """The checks of :func:`reshape_and_cache` (no kernel call, any device,
+    meta tensors too): ValueError naming the argument, else the sizes.
+    ``dtypes``: the accepted dtypes (default: those of ``key``'s device's backend)."""
+    t, hkv, d = _check(key, "key", 3)
+    dtype, device = key.dtype, key.device  # type: ignore[attr-defined]
+    if dtypes is None:
+        dtypes = _backend(device).dtypes
+    _kernel_dtype(dtypes, key, "key")  # type: ignore[arg-type]
+    if _check(value, "value", 3, dtype, device) != key.shape:  # type: ignore[attr-defined]
+        raise ValueError(
+            f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}"  # type: ignore[attr-defined]
+        )
+    num_blocks, block_size, c_hkv, c_d = _check_cache(key_cache, value_cache, dtype, device)
+    if (c_hkv, c_d) != (hkv, d):
+        raise ValueError(f"key_cache has [Hkv, D] = [{c_hkv}, {c_d}], key has [{hkv}, {d}]")
+    if _check(slot_mapping, "slot_mapping", 1, torch.int64, device)[0] != t:
+        raise ValueError(
+            f"slot_mapping has {slot_mapping.shape[0]} entries, key has {t} tokens"  # type: ignore[attr-defined]
+        )
+    return _CacheWriteSizes(t, hkv, d, num_blocks * block_size)
 
 
 def reshape_and_cache(
@@ -125,84 +290,53 @@ def reshape_and_cache(
     ``key_cache[block, offset] = key[t]`` and ``value_cache[block, offset] = value[t]``.
 
     Args:
-        key, value: ``[T, Hkv, D]``, float32 or bfloat16.
-        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype.
+        key, value: ``[T, Hkv, D]``; float32 or bfloat16 on CPU, float16 or
+            bfloat16 on CUDA.
+        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype
+            and device.
         slot_mapping: int64 ``[T]``; a negative slot skips the token.
 
     Raises:
         ValueError: naming the argument, for a wrong type, dtype, device, shape or
-            non-contiguous tensor, or a slot ``>= num_blocks * block_size`` (then
-            nothing is written).
+            non-contiguous tensor; on CPU also for a slot
+            ``>= num_blocks * block_size`` (then nothing is written; on CUDA the
+            slots stay on the device and such a token is skipped).
+        RuntimeError: a CUDA launch error.
     """
-    t, hkv, d = _check(key, "key", 3)
-    dtype, device = key.dtype, key.device
-    kernel_dtype = _kernel_dtype(key, "key")
-    if _check(value, "value", 3, dtype, device) != key.shape:
-        raise ValueError(f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}")
-    num_blocks, block_size, c_hkv, c_d = _check_cache(key_cache, value_cache, dtype, device)
-    if (c_hkv, c_d) != (hkv, d):
-        raise ValueError(f"key_cache has [Hkv, D] = [{c_hkv}, {c_d}], key has [{hkv}, {d}]")
-    if _check(slot_mapping, "slot_mapping", 1, torch.int64, device)[0] != t:
-        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries, key has {t} tokens")
-    _backend(device).reshape_and_cache(
-        key.data_ptr(),
-        value.data_ptr(),
-        key_cache.data_ptr(),
-        value_cache.data_ptr(),
-        slot_mapping.data_ptr(),
-        t,
-        hkv,
-        d,
-        num_blocks * block_size,
-        kernel_dtype,
-    )
+    t, hkv, d, num_slots = _check_cache_write(key, value, key_cache, value_cache, slot_mapping)
+    device = key.device
+    backend = _BACKENDS[device.type]
+    args = (key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+            slot_mapping.data_ptr(), t, hkv, d, num_slots, backend.dtypes[key.dtype])
+    if device.type == "cpu":
+        backend.reshape_and_cache(*args)
+    else:
+        backend.reshape_and_cache(*args, device=device)
 
 
-def paged_attention(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Causal attention of this step's queries over the paged KV cache.
+class _AttentionSizes(NamedTuple):
+    num_tokens: int
+    num_seqs: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    num_blocks: int
+    block_size: int
+    max_blocks_per_seq: int
 
-    Query row i of sequence b (``q_len = query_start_loc[b+1] - query_start_loc[b]``)
-    sits at position ``seq_lens[b] - q_len + i`` and attends to the cached
-    positions ``0 ..`` that position, read through ``block_tables[b]``:
-    ``out = softmax(scale * q K^T) V`` per head. One call may mix whole prompts,
-    prefill chunks over earlier cached context and single decode tokens. GQA /
-    MQA: query head h reads kv head ``h // (Hq // Hkv)``. The cache must already
-    hold this step's keys and values (:func:`reshape_and_cache`). bfloat16
-    inputs are accumulated in float32. Runs on :func:`set_num_threads` threads.
 
-    Args:
-        query: ``[T, Hq, D]``, float32 or bfloat16.
-        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype;
-            Hq must be a multiple of Hkv.
-        block_tables: int32 ``[B, max_blocks_per_seq]``; only the first
-            ``ceil(seq_lens[b] / block_size)`` entries of row b are read.
-        seq_lens: int32 ``[B]``, context length in tokens including the new ones.
-        query_start_loc: int32 ``[B + 1]``, non-decreasing, last entry <= T.
-        scale: softmax scale, usually ``D ** -0.5``.
-        out: optional ``[T, Hq, D]`` output of the query's dtype; rows outside
-            ``query_start_loc[0]:query_start_loc[B]`` are left untouched.
-
-    Returns:
-        ``out`` (a new ``[T, Hq, D]`` tensor if not given).
-
-    Raises:
-        ValueError: naming the argument, for a wrong type, dtype, device, shape,
-            non-contiguous tensor, a block id outside the cache, a sequence
-            whose ``seq_lens`` is below its query length or above
-            ``max_blocks_per_seq * block_size``, or a bad ``query_start_loc``.
-    """
+def _check_attention(query: object, key_cache: object, value_cache: object,
+                     block_tables: object, seq_lens: object, query_start_loc: object,
+                     out: object | None,
+                     dtypes: Mapping[torch.dtype, Any] | None = None) -> _AttentionSizes:
+    """The checks of :func:`paged_attention` (no kernel call, any device, meta
+    tensors too): ValueError naming the argument, else the sizes. ``dtypes``:
+    the accepted dtypes (default: those of ``query``'s device's backend)."""
     t, hq, d = _check(query, "query", 3)
-    dtype, device = query.dtype, query.device
-    kernel_dtype = _kernel_dtype(query, "query")
+    dtype, device = query.dtype, query.device  # type: ignore[attr-defined]
+    if dtypes is None:
+        dtypes = _backend(device).dtypes
+    _kernel_dtype(dtypes, query, "query")  # type: ignore[arg-type]
     num_blocks, block_size, hkv, c_d = _check_cache(key_cache, value_cache, dtype, device)
     b, max_blocks = _check(block_tables, "block_tables", 2, torch.int32, device)
     (b_seq,) = _check(seq_lens, "seq_lens", 1, torch.int32, device)
@@ -215,27 +349,91 @@ def paged_attention(
         raise ValueError(f"seq_lens has {b_seq} entries, block_tables has {b} rows")
     if b_qsl != b + 1:
         raise ValueError(f"query_start_loc must have B + 1 = {b + 1} entries, got {b_qsl}")
+    if out is not None and _check(out, "out", 3, dtype, device) != query.shape:  # type: ignore[attr-defined]
+        raise ValueError(
+            f"out shape {tuple(out.shape)} != query shape {tuple(query.shape)}"  # type: ignore[attr-defined]
+        )
+    return _AttentionSizes(t, b, hq, hkv, d, num_blocks, block_size, max_blocks)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of this step's queries over the paged KV cache.
+
+    Query row i of sequence b (``q_len = query_start_loc[b+1] - query_start_loc[b]``)
+    sits at position ``seq_lens[b] - q_len + i`` and attends to the cached
+    positions ``0 ..`` that position, read through ``block_tables[b]``:
+    ``out = softmax(scale * q K^T) V`` per head. One call may mix whole prompts,
+    prefill chunks over earlier cached context and single decode tokens. GQA /
+    MQA: query head h reads kv head ``h // (Hq // Hkv)``. The cache must already
+    hold this step's keys and values (:func:`reshape_and_cache`). 16-bit
+    inputs are accumulated in float32.
+
+    CPU: the C++ core on :func:`set_num_threads` threads; the index tensors
+    are validated (block ids, lengths) before anything is written.
+    CUDA: sequences with ``q_len == 1`` run the decode kernel (one thread block
+    per sequence, kv head and context split; K/V read once per GQA group;
+    split-K after Flash-Decoding with a reduction kernel), the others the
+    prefill kernel (tiles of queries against tiles of keys with the online
+    softmax of FlashAttention). Index contents are trusted (reading them would
+    cost a sync); head size 64 or 128, block size a power of two >= 8. A
+    decode row whose ``seq_lens`` entry is 0 is written as zeros (padding).
+
+    Args:
+        query: ``[T, Hq, D]``; float32 or bfloat16 on CPU, float16 or bfloat16
+            on CUDA.
+        key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype;
+            Hq must be a multiple of Hkv.
+        block_tables: int32 ``[B, max_blocks_per_seq]``; only the first
+            ``ceil(seq_lens[b] / block_size)`` entries of row b are read.
+        seq_lens: int32 ``[B]``, context length in tokens including the new ones.
+        query_start_loc: int32 ``[B + 1]``, non-decreasing, last entry <= T.
+        scale: softmax scale, usually ``D ** -0.5``.
+        out: optional ``[T, Hq, D]`` output of the query's dtype; rows outside
+            ``query_start_loc[0]:query_start_loc[B]`` are left untouched.
+        max_query_len: CUDA only: an upper bound of the query lengths (1 = a
+            pure decode batch: only the decode kernel runs); default ``T``.
+        max_seq_len: CUDA only: an upper bound of ``seq_lens`` (sizes the
+            split-K grid; a CUDA graph captures with the longest context);
+            default ``max_blocks_per_seq * block_size``.
+        workspace: CUDA only: split-K scratch from :func:`alloc_decode_workspace`;
+            without it each call allocates one for its batch.
+
+    Returns:
+        ``out`` (a new ``[T, Hq, D]`` tensor if not given).
+
+    Raises:
+        ValueError: naming the argument, for a wrong type, dtype, device, shape,
+            non-contiguous tensor, an unsupported head or block size (CUDA); on
+            CPU also for a block id outside the cache, a sequence whose
+            ``seq_lens`` is below its query length or above
+            ``max_blocks_per_seq * block_size``, or a bad ``query_start_loc``.
+        RuntimeError: a CUDA launch error.
+    """
+    sizes = _check_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                             query_start_loc, out)
+    device = query.device
+    backend = _BACKENDS[device.type]
     if out is None:
         out = torch.empty_like(query)
-    elif _check(out, "out", 3, dtype, device) != query.shape:
-        raise ValueError(f"out shape {tuple(out.shape)} != query shape {tuple(query.shape)}")
-    _backend(device).paged_attention(
-        out.data_ptr(),
-        query.data_ptr(),
-        key_cache.data_ptr(),
-        value_cache.data_ptr(),
-        block_tables.data_ptr(),
-        seq_lens.data_ptr(),
-        query_start_loc.data_ptr(),
-        t,
-        b,
-        hq,
-        hkv,
-        d,
-        num_blocks,
-        block_size,
-        max_blocks,
-        float(scale),
-        kernel_dtype,
-    )
+    args = (out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+            block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(), *sizes,
+            float(scale), backend.dtypes[query.dtype])
+    if device.type == "cpu":
+        backend.paged_attention(*args)
+    else:
+        backend.paged_attention(*args, device=device, max_query_len=max_query_len,
+                                max_seq_len=max_seq_len, workspace=workspace)
     return out
