@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
+SUPPORTED_DEVICES = ("cpu", "cuda")
+LOAD_FORMATS = ("safetensors", "dummy")
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,15 @@ class ModelConfig:
             the KV cache size).
         served_model_name: name reported by /v1/models; defaults to the
             directory name.
-        device: torch device string (``cpu``; ``cuda`` in the GPU issue).
+        device: torch device string: ``cpu``, ``cuda`` or ``cuda:N`` (the CUDA
+            kernels run float16/bfloat16; ``auto`` picks bfloat16 for a float32
+            checkpoint there).
+        load_format: ``safetensors`` (the checkpoint's weights) or ``dummy``
+            (random weights of the config's shapes, for benchmarks; only
+            ``config.json`` is read).
+        cuda_graphs: on CUDA, capture the decode forward in CUDA graphs for a
+            few padded batch sizes and replay them (saves the per-kernel
+            launch overhead, which dominates small decode batches).
     """
 
     model: str
@@ -30,10 +40,17 @@ class ModelConfig:
     max_model_len: int | None = None
     served_model_name: str | None = None
     device: str = "cpu"
+    load_format: str = "safetensors"
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {self.dtype!r}")
+        kind, _, index = self.device.partition(":")
+        if kind not in SUPPORTED_DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
 
@@ -45,13 +62,18 @@ class CacheConfig:
     Attributes:
         block_size: tokens per KV block (8, 16 or 32 are tested).
         num_kv_blocks: number of blocks per layer; if ``None``, derived from
-            ``kv_cache_memory``.
-        kv_cache_memory: bytes for the whole KV cache (all layers, K and V).
+            ``kv_cache_memory`` (CPU) or ``gpu_memory_utilization`` (CUDA).
+        kv_cache_memory: CPU: bytes for the whole KV cache (all layers, K and V).
+        gpu_memory_utilization: CUDA: fraction of the GPU's total memory this
+            engine may use for weights, activations and KV cache together; the
+            KV cache gets what the weights and a profiling forward of the
+            largest step leave (measured with ``torch.cuda.mem_get_info``).
     """
 
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory: int = 1 << 30
+    gpu_memory_utilization: float = 0.9
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 256:
@@ -60,6 +82,10 @@ class CacheConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory < 1:
             raise ValueError(f"kv_cache_memory must be >= 1 byte, got {self.kv_cache_memory}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
 
 
 @dataclass(frozen=True)

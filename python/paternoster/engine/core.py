@@ -63,7 +63,10 @@ class EngineCore:
         _core.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         self.config = config
-        self.runner = model_runner or ModelRunner(config.model, config.cache)
+        self.runner = model_runner or ModelRunner(
+            config.model, config.cache, max_num_seqs=config.scheduler.max_num_seqs,
+            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        )
         self.sampler = Sampler()
         self.max_model_len = self.runner.max_model_len
         self.kv_cache_manager = _core.KVCacheManager(

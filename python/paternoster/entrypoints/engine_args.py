@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from paternoster.config import (
+    LOAD_FORMATS,
     SUPPORTED_DTYPES,
     CacheConfig,
     EngineConfig,
@@ -65,6 +66,10 @@ def build_engine_config(
     scheduler_config: dict | str | None = None,
     num_threads: int = 1,
     seed: int = 0,
+    device: str = "cpu",
+    gpu_memory_utilization: float = 0.9,
+    cuda_graphs: bool = False,
+    load_format: str = "safetensors",
 ) -> EngineConfig:
     """Build an :class:`EngineConfig` from the flat option names of the CLI.
 
@@ -83,12 +88,18 @@ def build_engine_config(
             or the path of a JSON file.
         num_threads: torch threads in the engine.
         seed: engine-wide RNG seed.
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        gpu_memory_utilization: CUDA: fraction of GPU memory for weights,
+            activations and KV cache (sizes the KV cache unless ``num_kv_blocks``).
+        cuda_graphs: CUDA: replay captured graphs for decode batches.
+        load_format: ``safetensors`` or ``dummy`` (random weights, benchmarks).
     Returns:
         The validated config.
     Raises:
         ValueError: a value out of range (the message names it).
     """
-    cache = {"block_size": block_size, "num_kv_blocks": num_kv_blocks}
+    cache = {"block_size": block_size, "num_kv_blocks": num_kv_blocks,
+             "gpu_memory_utilization": gpu_memory_utilization}
     if kv_cache_memory is not None:
         cache["kv_cache_memory"] = parse_bytes(kv_cache_memory)
     load_scheduler_class(scheduler)  # unknown name: ValueError listing the installed ones
@@ -108,6 +119,9 @@ def build_engine_config(
             dtype=dtype,
             max_model_len=max_model_len,
             served_model_name=served_model_name,
+            device=device,
+            load_format=load_format,
+            cuda_graphs=cuda_graphs,
         ),
         cache=CacheConfig(**cache),
         scheduler=SchedulerConfig(**sched),
@@ -119,7 +133,8 @@ def build_engine_config(
 ENGINE_ARG_NAMES = (
     "served_model_name", "dtype", "max_model_len", "block_size", "num_kv_blocks",
     "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "scheduler",
-    "scheduler_config", "num_threads", "seed",
+    "scheduler_config", "num_threads", "seed", "device", "gpu_memory_utilization",
+    "cuda_graphs", "load_format",
 )  # fmt: skip
 
 
@@ -161,7 +176,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache blocks")
     g.add_argument(
         "--kv-cache-memory", type=parse_bytes, default=None,
-        help="KV cache size in bytes, e.g. 1073741824 or 2GiB (ignored with --num-kv-blocks)",
+        help="CPU KV cache size in bytes, e.g. 1073741824 or 2GiB (ignored with "
+             "--num-kv-blocks; on CUDA see --gpu-memory-utilization)",
     )  # fmt: skip
     g.add_argument("--max-num-seqs", type=int, default=None, help="most requests per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step")
@@ -172,3 +188,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("--num-threads", type=int, default=1, help="torch threads in the engine")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    g.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9,
+        help="CUDA: fraction of GPU memory for weights, activations and KV cache "
+             "(sizes the KV cache unless --num-kv-blocks is given)",
+    )  # fmt: skip
+    g.add_argument(
+        "--cuda-graphs", action="store_true",
+        help="CUDA: capture decode steps in CUDA graphs for padded batch sizes",
+    )  # fmt: skip
+    g.add_argument(
+        "--load-format", choices=LOAD_FORMATS, default="safetensors",
+        help="dummy = random weights of the config's shapes (benchmarks)",
+    )  # fmt: skip

@@ -24,7 +24,9 @@ class LLM:
         **engine_kwargs: the CLI's engine options by their flag names
             (``dtype``, ``max_model_len``, ``block_size``, ``num_kv_blocks``,
             ``kv_cache_memory``, ``max_num_seqs``, ``max_num_batched_tokens``,
-            ``scheduler``, ``num_threads``, ``seed``, ``served_model_name``).
+            ``scheduler``, ``num_threads``, ``seed``, ``served_model_name``,
+            ``device``, ``gpu_memory_utilization``, ``cuda_graphs``,
+            ``load_format``).
     Attributes:
         engine: the :class:`~paternoster.engine.core.EngineCore` (``step_log``,
             ``stats()``).

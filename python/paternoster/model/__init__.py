@@ -8,5 +8,6 @@ Modules (import them directly; this package imports nothing heavy):
     rope           rotary embedding tables (default, linear, llama3 scaling)
     attention      AttentionMetadata and the per-layer paged-attention step
     runner         ModelRunner: model + KV cache, one forward per engine step
+    cuda_graphs    DecodeGraphs: captured decode forwards for padded batch sizes (CUDA)
     sampler        Sampler: greedy, temperature, top-k, top-p, min-p, per-request seeds
 """

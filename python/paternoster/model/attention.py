@@ -29,7 +29,9 @@ class AttentionOps(Protocol):
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                         scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of ``query`` [T, Hq, D] over each sequence's cached K/V;
-        returns [T, Hq, D]."""
+        returns [T, Hq, D]. Called with the keyword arguments ``max_query_len``,
+        ``max_seq_len`` and ``workspace`` as well when the metadata carries
+        them (the GPU path; see :func:`paternoster.ops.paged_attention`)."""
 
 
 def default_attention_ops() -> AttentionOps:
@@ -57,12 +59,20 @@ class AttentionMetadata:
         block_tables: int32[B, M], the physical blocks of each sequence, in order.
         seq_lens: int32[B], context length in tokens including this step's tokens.
         query_start_loc: int32[B + 1], prefix sums of tokens per sequence.
+        max_query_len: host-side upper bound of the query lengths (1 = all
+            decodes), or None. Set on CUDA, where the kernels cannot read the
+            device tensors without a sync; None keeps the CPU call unchanged.
+        max_seq_len: host-side upper bound of ``seq_lens`` (CUDA), or None.
+        workspace: the decode kernel's split-K scratch (CUDA), or None.
     """
 
     slot_mapping: torch.Tensor
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
+    max_query_len: int | None = None
+    max_seq_len: int | None = None
+    workspace: torch.Tensor | None = None
 
 
 def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -82,5 +92,10 @@ def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v
     key_cache, value_cache = kv_cache
     ops.reshape_and_cache(k.contiguous(), v.contiguous(), key_cache, value_cache,
                           attn.slot_mapping)
+    if attn.max_query_len is None:
+        return ops.paged_attention(q.contiguous(), key_cache, value_cache, attn.block_tables,
+                                   attn.seq_lens, attn.query_start_loc, scale)
     return ops.paged_attention(q.contiguous(), key_cache, value_cache, attn.block_tables,
-                               attn.seq_lens, attn.query_start_loc, scale)
+                               attn.seq_lens, attn.query_start_loc, scale,
+                               max_query_len=attn.max_query_len, max_seq_len=attn.max_seq_len,
+                               workspace=attn.workspace)

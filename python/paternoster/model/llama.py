@@ -24,8 +24,8 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, D/2] of the step's positions
 
 
-def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+def _param(*shape: int, dtype: torch.dtype, device: torch.device | None = None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
 class RMSNorm(nn.Module):
@@ -248,7 +248,8 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             if name == "lm_head.weight":
                 if not tied:
-                    lm_head = _param(*self.embed_tokens.shape, dtype=self.dtype)
+                    lm_head = _param(*self.embed_tokens.shape, dtype=self.dtype,
+                                     device=self.embed_tokens.device)
                     _copy_rows(name, lm_head, 0, lm_head.shape[0], tensor)
                 continue
             target = self._targets(name)

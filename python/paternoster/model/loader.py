@@ -69,21 +69,29 @@ def resolve_dtype(hf_config, dtype: str, device: str = "cpu") -> torch.dtype:
     """The model dtype for a ``--dtype`` value.
 
     ``auto`` is the checkpoint's dtype (float32 if unknown); on CPU a float16
-    checkpoint runs in bfloat16 (the CPU kernels take float32/bfloat16 only).
+    checkpoint runs in bfloat16 (the CPU kernels take float32/bfloat16 only),
+    on CUDA a float32 one runs in bfloat16 (the CUDA kernels take
+    float16/bfloat16 only).
 
     Raises:
-        ValueError: unknown ``dtype``, or ``float16`` requested on CPU.
+        ValueError: unknown ``dtype``, ``float16`` requested on CPU or
+            ``float32`` on CUDA.
     """
     if dtype == "auto":
         resolved = checkpoint_dtype(hf_config) or torch.float32
         if resolved == torch.float16 and device == "cpu":
             logger.info("float16 checkpoint: running in bfloat16 on CPU")
             resolved = torch.bfloat16
+        if resolved == torch.float32 and device == "cuda":
+            logger.info("float32 checkpoint: running in bfloat16 on CUDA")
+            resolved = torch.bfloat16
         return resolved
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
     if dtype == "float16" and device == "cpu":
         raise ValueError("dtype float16 is not supported on CPU; use bfloat16 or float32")
+    if dtype == "float32" and device == "cuda":
+        raise ValueError("dtype float32 is not supported on CUDA; use bfloat16 or float16")
     return _DTYPES[dtype]
 
 
@@ -132,7 +140,8 @@ def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]
 
 
 def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: AttentionOps,
-               max_positions: int | None = None) -> LlamaForCausalLM:
+               max_positions: int | None = None,
+               device: torch.device | None = None) -> LlamaForCausalLM:
     """Instantiate the model for ``hf_config`` and load its safetensors weights.
 
     Args:
@@ -141,6 +150,8 @@ def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: Attent
         dtype: model dtype (see :func:`resolve_dtype`).
         ops: paged-attention kernels.
         max_positions: RoPE table length (defaults to ``max_position_embeddings``).
+        device: where the parameters are allocated (default: CPU); weights are
+            copied there tensor by tensor, never staged whole in host memory.
     Returns:
         The model in eval mode.
     Raises:
@@ -149,9 +160,41 @@ def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: Attent
         FileNotFoundError: no weights.
     """
     cls = model_class(hf_config)
-    model = cls(hf_config, dtype, ops, max_positions=max_positions)
+    if device is None:
+        model = cls(hf_config, dtype, ops, max_positions=max_positions)
+    else:
+        with torch.device(device):
+            model = cls(hf_config, dtype, ops, max_positions=max_positions)
     unused = model.load_weights(iter_safetensors(model_dir))
     unused = [n for n in unused if not n.endswith("rotary_emb.inv_freq")]
     if unused:
         logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[:4])
+    return model.eval()
+
+
+def dummy_model(hf_config, dtype: torch.dtype, ops: AttentionOps, max_positions: int | None,
+                device: torch.device, seed: int = 0) -> LlamaForCausalLM:
+    """The model for ``hf_config`` with random weights, allocated on ``device``
+    (``--load-format dummy``: benchmarks of a model's shapes without its
+    checkpoint, as vLLM's dummy loader).
+
+    Matrices and biases are drawn from N(0, 0.02^2) (the usual initializer
+    range of Llama configs), norm weights are 1, so activations stay finite
+    through any number of layers.
+
+    Raises:
+        ValueError: unsupported architecture/rope/activation.
+    """
+    cls = model_class(hf_config)
+    with torch.device(device):
+        model = cls(hf_config, dtype, ops, max_positions=max_positions)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    std = float(getattr(hf_config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, std, generator=gen)
     return model.eval()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,15 @@ import torch
 
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.attention import AttentionMetadata, AttentionOps, default_attention_ops
-from paternoster.model.loader import load_hf_config, load_model, resolve_dtype, sliding_window
+from paternoster.model.loader import (
+    dummy_model,
+    load_hf_config,
+    load_model,
+    resolve_dtype,
+    sliding_window,
+)
+
+logger = logging.getLogger(__name__)
 
 _BATCH_DTYPES = {
     "input_ids": np.int64,
@@ -26,10 +35,23 @@ _BATCH_DTYPES = {
 class ModelRunner:
     """Loads a model and allocates its KV cache; turns batches into logits.
 
+    On CUDA (``model_config.device``): the weights are loaded straight onto
+    the GPU (or drawn at random, ``load_format="dummy"``), then, unless
+    ``num_kv_blocks`` is given, a profiling forward of the largest step
+    (``max(max_num_batched_tokens, max_model_len)`` tokens) measures the peak
+    activation memory and the KV cache gets
+    ``gpu_memory_utilization * total - peak - memory used outside torch``
+    (``torch.cuda.mem_get_info``). The CUDA kernels get host-side bounds
+    (``max_query_len``, ``max_seq_len``) and a preallocated split-K workspace;
+    with ``model_config.cuda_graphs`` decode steps replay captured graphs
+    (:class:`~paternoster.model.cuda_graphs.DecodeGraphs`).
+
     Args:
         model_config: model directory, dtype, ``max_model_len``, device.
         cache_config: block size and number of blocks (or memory budget).
         attn_ops: paged-attention kernels; default :mod:`paternoster.ops`.
+        max_num_seqs: CUDA: most sequences of a step (workspace, graph sizes).
+        max_num_batched_tokens: CUDA: token budget of a step (profiling).
 
     Attributes:
         hf_config: the transformers config. model_dir: pathlib.Path.
@@ -47,12 +69,14 @@ class ModelRunner:
     Raises:
         ValueError: unsupported architecture or dtype; a KV cache budget too
             small for one block; ``max_model_len`` above the model's
-            ``max_position_embeddings``.
+            ``max_position_embeddings``; CUDA requested without a GPU or
+            without the CUDA kernels built.
         ImportError: ``attn_ops`` not given and :mod:`paternoster.ops` is not built.
     """
 
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, *,
-                 attn_ops: AttentionOps | None = None) -> None:
+                 attn_ops: AttentionOps | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192) -> None:
         self.model_dir = Path(model_config.model).expanduser()
         self.hf_config = load_hf_config(self.model_dir)
         cfg = self.hf_config
@@ -62,13 +86,23 @@ class ModelRunner:
         self.num_layers = cfg.num_hidden_layers
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.num_kv_blocks = self._num_blocks(cache_config)
-        self.max_model_len = self._max_model_len(model_config)
         self.vocab_size = cfg.vocab_size
         self.eos_token_id = self._eos_token_id()
+        self.workspace: torch.Tensor | None = None  # CUDA split-K scratch
+        self.graphs = None  # CUDA decode graphs
+        self._kernel_hints = False  # pass max_query_len/max_seq_len/workspace to the ops
         ops = attn_ops if attn_ops is not None else default_attention_ops()
-        self.model = load_model(self.model_dir, cfg, self.dtype, ops,
-                                max_positions=self.max_model_len).to(self.device)
+        if self.device.type == "cuda":
+            self._init_cuda(model_config, cache_config, ops, attn_ops is None, max_num_seqs,
+                            max_num_batched_tokens)
+            return
+        self.num_kv_blocks = self._num_blocks(cache_config)
+        self.max_model_len = self._max_model_len(model_config)
+        if model_config.load_format == "dummy":
+            self.model = dummy_model(cfg, self.dtype, ops, self.max_model_len, self.device)
+        else:
+            self.model = load_model(self.model_dir, cfg, self.dtype, ops,
+                                    max_positions=self.max_model_len).to(self.device)
         self.kv_caches = [
             (self._empty_cache(), self._empty_cache()) for _ in range(self.num_layers)
         ]
@@ -90,6 +124,10 @@ class ModelRunner:
         return int(n)
 
     def _max_model_len(self, model_config: ModelConfig) -> int:
+        return min(self._context_cap(model_config), self.num_kv_blocks * self.block_size)
+
+    def _context_cap(self, model_config: ModelConfig) -> int:
+        """The context limit before the KV cache size is known."""
         limit = int(self.hf_config.max_position_embeddings)
         if model_config.max_model_len is not None:
             if model_config.max_model_len > limit:
@@ -101,7 +139,7 @@ class ModelRunner:
         window = sliding_window(self.hf_config)
         if window is not None:
             limit = min(limit, window)  # full attention == sliding window up to W tokens
-        return min(limit, self.num_kv_blocks * self.block_size)
+        return limit
 
     def _eos_token_id(self) -> int | None:
         eos = None
@@ -130,10 +168,12 @@ class ModelRunner:
                 ``logits_indices`` int64[N] (token rows whose logits to return,
                 usually each sequence's last scheduled token).
         Returns:
-            float32 [N, V] logits.
+            float32 [N, V] logits, on the model's device.
         Raises:
             KeyError: a batch array is missing.
         """
+        if self.device.type == "cuda":
+            return self._execute_cuda(batch)
         t = {name: _tensor(batch[name], dt) for name, dt in _BATCH_DTYPES.items()}
         if self.device.type != "cpu":
             t = {name: x.to(self.device, non_blocking=True) for name, x in t.items()}
@@ -145,6 +185,144 @@ class ModelRunner:
         )
         hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
         return self.model.compute_logits(hidden[t["logits_indices"]])
+
+    # ------------------------------------------------------------------ CUDA
+
+    def _init_cuda(self, model_config: ModelConfig, cache_config: CacheConfig,
+                   ops: AttentionOps, own_kernels: bool, max_num_seqs: int,
+                   max_num_batched_tokens: int) -> None:
+        """Weights on the GPU, workspace, KV cache sized from free memory, graphs."""
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {self.device} requested but torch sees no CUDA GPU")
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        cfg = self.hf_config
+        if own_kernels:
+            from paternoster import ops as kernels
+
+            if not kernels.cuda_kernels_available():
+                raise ValueError("device cuda needs the CUDA kernels (paternoster._cuda_ops), "
+                                 "which this build does not have: install with nvcc on PATH")
+        cap = self._context_cap(model_config)
+        if model_config.load_format == "dummy":
+            self.model = dummy_model(cfg, self.dtype, ops, cap, self.device)
+        else:
+            self.model = load_model(self.model_dir, cfg, self.dtype, ops, max_positions=cap,
+                                    device=self.device)
+        if own_kernels:
+            from paternoster import ops as kernels
+
+            self._kernel_hints = True
+            self.workspace = kernels.alloc_decode_workspace(
+                self.device, max_num_seqs, cfg.num_attention_heads, self.num_kv_heads,
+                self.head_dim, cap,
+            )
+        if cache_config.num_kv_blocks is not None:
+            self.num_kv_blocks = cache_config.num_kv_blocks
+        else:
+            self.num_kv_blocks = self._profile_num_blocks(
+                cache_config.gpu_memory_utilization, max(max_num_batched_tokens, cap),
+                max_num_seqs,
+            )
+        self.max_model_len = min(cap, self.num_kv_blocks * self.block_size)
+        self.kv_caches = [
+            (self._empty_cache(), self._empty_cache()) for _ in range(self.num_layers)
+        ]
+        if model_config.cuda_graphs:
+            from paternoster.model.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, self.device,
+                                       max_num_seqs=max_num_seqs,
+                                       max_model_len=self.max_model_len,
+                                       block_size=self.block_size,
+                                       workspace=self.workspace if self._kernel_hints else None,
+                                       kernel_hints=self._kernel_hints)
+
+    @torch.inference_mode()
+    def _profile_num_blocks(self, utilization: float, num_tokens: int, max_num_seqs: int) -> int:
+        """KV blocks that fit once the weights and the activations of a
+        ``num_tokens`` prefill step (sequences of up to 1024 tokens over a
+        one-block dummy cache, nothing written) are accounted for."""
+        dev = self.device
+        chunk = max(1, min(1024, num_tokens, self._rope_len()))
+        q_lens = [chunk] * (num_tokens // chunk)
+        if num_tokens % chunk:
+            q_lens.append(num_tokens % chunk)
+        qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        positions = np.concatenate([np.arange(n) for n in q_lens]).astype(np.int64)
+        width = -(-chunk // self.block_size)
+        attn = self._metadata(
+            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=dev),
+            block_tables=torch.zeros((len(q_lens), width), dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(q_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.from_numpy(qsl).to(dev),
+            max_query_len=chunk, max_seq_len=chunk,
+        )
+        shape = (1, self.block_size, self.num_kv_heads, self.head_dim)
+        caches = [(torch.zeros(shape, dtype=self.dtype, device=dev),) * 2] * self.num_layers
+        ids = torch.zeros(num_tokens, dtype=torch.int64, device=dev)
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        hidden = self.model(ids, torch.from_numpy(positions).to(dev), attn, caches)
+        logits = self.model.compute_logits(hidden[: min(max_num_seqs, num_tokens)])
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev)
+        del hidden, logits, attn, caches, ids
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(dev)
+        outside_torch = total - free - torch.cuda.memory_reserved(dev)
+        budget = utilization * total - peak - outside_torch
+        blocks = int(budget // self.bytes_per_block())
+        gib = 1 << 30
+        logger.info(
+            "GPU memory: total %.1f GiB, x %.2f; torch peak (weights + %d-token step) %.1f GiB, "
+            "outside torch %.1f GiB -> KV cache %.1f GiB = %d blocks",
+            total / gib, utilization, num_tokens, peak / gib, outside_torch / gib,
+            max(budget, 0) / gib, max(blocks, 0),
+        )
+        if blocks < 1:
+            raise ValueError(
+                f"gpu_memory_utilization={utilization} leaves no room for the KV cache: "
+                f"{total / gib:.1f} GiB total, {peak / gib:.1f} GiB peak for weights and a "
+                f"{num_tokens}-token step, {outside_torch / gib:.1f} GiB used outside torch"
+            )
+        return blocks
+
+    def _rope_len(self) -> int:
+        return int(self.model.rotary.cos.shape[0])
+
+    def _metadata(self, **fields) -> AttentionMetadata:
+        """AttentionMetadata with the kernel hints when the ops are ours."""
+        if not self._kernel_hints:
+            fields.pop("max_query_len", None)
+            fields.pop("max_seq_len", None)
+            return AttentionMetadata(**fields)
+        return AttentionMetadata(**fields, workspace=self.workspace)
+
+    def _execute_cuda(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
+        """execute_model on CUDA: a captured graph for decode batches when
+        available, else an eager forward with host-side bounds for the kernels."""
+        seq_lens = np.asarray(batch["seq_lens"])
+        qsl = np.asarray(batch["query_start_loc"])
+        num_seqs = len(seq_lens)
+        num_tokens = len(batch["input_ids"])
+        max_query_len = int((qsl[1:] - qsl[:-1]).max()) if num_seqs else 0
+        if self.graphs is not None and self.graphs.can_run(
+            num_tokens, num_seqs, max_query_len, np.shape(batch["block_tables"])[1]
+        ):
+            hidden = self.graphs.run(batch)
+        else:
+            t = {name: _tensor(batch[name], dt).to(self.device, non_blocking=True)
+                 for name, dt in _BATCH_DTYPES.items() if name != "logits_indices"}
+            attn = self._metadata(
+                slot_mapping=t["slot_mapping"], block_tables=t["block_tables"],
+                seq_lens=t["seq_lens"], query_start_loc=t["query_start_loc"],
+                max_query_len=max_query_len,
+                max_seq_len=max(1, int(seq_lens.max())) if num_seqs else 1,
+            )
+            hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
+        index = _tensor(batch["logits_indices"], np.int64).to(self.device, non_blocking=True)
+        return self.model.compute_logits(hidden[index])
 
 
 def _tensor(array: np.ndarray, dtype: type) -> torch.Tensor:

@@ -188,8 +188,12 @@ def _uniform(generators: list[torch.Generator | None], device: torch.device) -> 
     if shared:
         u[shared] = torch.rand((len(shared), 1), device=device)
     for i, g in enumerate(generators):
-        if g is not None:
+        if g is None:
+            continue
+        if g.device == u.device:
             u[i].uniform_(generator=g)
+        else:  # a request's CPU generator, logits on the GPU: draw there, copy over
+            u[i] = torch.rand(1, generator=g, device=g.device)
     return u
 
 
