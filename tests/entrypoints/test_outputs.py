@@ -68,3 +68,12 @@ def test_held_text_is_released_when_the_engine_finishes(tokenizer):
     assert state.text == " x EN" and state.finish_reason == "length"
     assert not state.needs_abort
     assert deltas[-1].finish_reason == "length"
+
+
+def test_fan_out_carries_priority_to_every_choice():
+    from paternoster.outputs import fan_out
+    from paternoster.sampling_params import SamplingParams
+
+    reqs = fan_out("x", [1, 2, 3], SamplingParams(n=3, seed=5), priority=7)
+    assert [r.priority for _, r in reqs] == [7, 7, 7]
+    assert [r.sampling_params.seed for _, r in reqs] == [5, 6, 7]

@@ -60,6 +60,13 @@ def test_serve_uses_the_plugin(with_plugin, default_model_path):
             timeout=60,
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        # The request body's scheduling priority is accepted, and type-checked.
+        body = {"prompt": "Hi", "max_tokens": 2, "priority": 3}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200
+        body["priority"] = "high"
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
 
 
 def test_unknown_scheduler_lists_installed_ones(with_plugin, default_model_path):
