@@ -38,15 +38,61 @@ def _idle(stats: dict) -> bool:
     )
 
 
-def test_omitted_max_tokens_fills_the_context(fake_server, tokenizer):
-    prompt = "Hello there " * 90
-    body = {"prompt": prompt, "ignore_eos": True}
-    r = httpx.post(fake_server.url + "/v1/completions", json=body, timeout=30).json()
-    n = len(tokenizer(prompt).input_ids)
+def test_omitted_max_tokens_fills_the_context_in_chat(fake_server, tokenizer):
+    content = "Hello there " * 90
+    body = {"messages": [{"role": "user", "content": content}], "ignore_eos": True}
+    r = httpx.post(fake_server.url + "/v1/chat/completions", json=body, timeout=30).json()
+    n = r["usage"]["prompt_tokens"]
     assert 150 < n < MAX_MODEL_LEN
-    assert r["usage"]["prompt_tokens"] == n
     assert r["usage"]["completion_tokens"] == MAX_MODEL_LEN - n
     assert r["choices"][0]["finish_reason"] == "length"
+
+
+def test_omitted_max_tokens_is_16_for_completions(fake_server, tokenizer):
+    body = {"prompt": "Hello there", "ignore_eos": True}
+    r = httpx.post(fake_server.url + "/v1/completions", json=body, timeout=30).json()
+    assert r["usage"]["completion_tokens"] == 16
+    assert r["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"seed": 99999999999999999999999}, "seed"),
+        ({"seed": 2**63 - 1, "n": 2}, "seed"),
+        ({"priority": -99999999999999999999999}, "priority"),
+        ({"stop": ["\ud800"]}, "stop"),
+        ({"prompt": "\ud800"}, "prompt"),
+        ({"n": 100000}, "n"),
+    ],
+    ids=["huge-seed", "seed-plus-n", "huge-priority", "surrogate-stop", "surrogate-prompt",
+         "huge-n"],
+)  # fmt: skip
+def test_unencodable_values_get_400_and_the_server_keeps_serving(fake_server, body, param):
+    # json.dumps escapes lone surrogates as \\udXXX, as a client's JSON would.
+    r = httpx.post(
+        fake_server.url + "/v1/completions",
+        content=json.dumps({"prompt": "hi", "max_tokens": 2, **body}),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    ok = httpx.post(
+        fake_server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10
+    )
+    assert ok.status_code == 200
+
+
+def test_surrogate_in_chat_content_is_400(fake_server):
+    body = {"messages": [{"role": "user", "content": "\ud800"}], "max_tokens": 2}
+    r = httpx.post(
+        fake_server.url + "/v1/chat/completions",
+        content=json.dumps(body),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
 def test_sse_format(fake_server):
@@ -76,7 +122,7 @@ def test_disconnect_mid_stream_aborts(fake_server):
 
 
 def test_disconnect_non_streaming_aborts(fake_server):
-    body = {"prompt": "story", "ignore_eos": True}
+    body = {"prompt": "story", "ignore_eos": True, "max_tokens": MAX_MODEL_LEN - 8}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(fake_server.url + "/v1/completions", json=body, timeout=1.0)
     fake_server.wait_for(_idle, timeout=2, what="abort after a non-streaming disconnect")

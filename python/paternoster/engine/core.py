@@ -79,7 +79,7 @@ class EngineCore:
             not scheduler_cls.supports_chunked_prefill
             and sched_config.max_num_batched_tokens < self.max_model_len
         ):
-            logger.warning(
+            logger.info(
                 "scheduler %r keeps prompts whole: raising max_num_batched_tokens from %d to "
                 "max_model_len (%d)",
                 sched_config.scheduler,

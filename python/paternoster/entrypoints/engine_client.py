@@ -31,6 +31,7 @@ from paternoster.engine.codec import (
     AsyncPullQueue,
     AsyncPushQueue,
     CodecError,
+    encode,
     message,
     message_type,
 )
@@ -244,11 +245,16 @@ class EngineClient:
         rid = request.request_id
         if rid in self._queues:
             raise ValueError(f"request id {rid!r} is already in flight")
+        add = message("add", request=request.to_wire())
+        try:
+            encode(add)  # refuse here what the send loop could not encode
+        except CodecError as e:
+            raise RequestRejectedError(f"request cannot be sent to the engine: {e}") from e
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = queue
         done = False
         try:
-            self._outbox.put_nowait(message("add", request=request.to_wire()))
+            self._outbox.put_nowait(add)
             while not done:
                 item = await queue.get()
                 if isinstance(item, EngineDeadError):
@@ -303,7 +309,10 @@ class EngineClient:
     async def _send_loop(self) -> None:
         while True:
             msg = await self._outbox.get()
-            await self._push.put(msg)
+            try:
+                await self._push.put(msg)
+            except CodecError as e:  # never let one bad message stop the loop
+                logger.error("dropping a message the codec refused: %s", e)
 
     async def _recv_loop(self) -> None:
         while True:

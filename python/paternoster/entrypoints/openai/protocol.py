@@ -37,7 +37,7 @@ class _SamplingFields(_Request):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    priority: int = 0
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

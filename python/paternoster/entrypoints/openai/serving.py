@@ -51,6 +51,21 @@ _DONE = object()
 _PARAM_RE = re.compile(r"^(\w+) must")
 
 
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI, vLLM)
+
+
+def _check_text(text: str, param: str) -> None:
+    """400 unless ``text`` is valid Unicode (e.g. no lone UTF-16 surrogates).
+
+    Raises:
+        APIError: 400 naming ``param``.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(f"{param} is not valid Unicode text: {e.reason}", param) from None
+
+
 class ClientDisconnected(Exception):
     """The HTTP client went away before the response was ready."""
 
@@ -171,7 +186,11 @@ class OpenAIServing:
         """
         self._check_model(body.model)
         prompts = self._completion_prompts(body.prompt)
-        params = self._sampling_params(body, body.max_tokens, prompts)
+        max_tokens = body.max_tokens
+        room = self.max_model_len - max(map(len, prompts))
+        if max_tokens is None and room >= 1:  # else the prompt alone is too long: say so
+            max_tokens = min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
+        params = self._sampling_params(body, max_tokens, prompts)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         gen = Generation(
             self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
@@ -246,6 +265,8 @@ class OpenAIServing:
             prompt = [prompt]
         out = []
         for p in prompt:
+            if isinstance(p, str):
+                _check_text(p, "prompt")
             ids = self.tokenizer(p).input_ids if isinstance(p, str) else list(p)
             if not ids:
                 raise bad_request("prompt must not be empty", "prompt")
@@ -267,6 +288,8 @@ class OpenAIServing:
                 if any(p.type != "text" for p in content):
                     raise bad_request("only text content parts are supported", "messages")
                 content = "".join(p.text or "" for p in content)
+            _check_text(m.role, "messages")
+            _check_text(content or "", "messages")
             messages.append({"role": m.role, "content": content or ""})
         try:
             text = self.tokenizer.apply_chat_template(
