@@ -190,15 +190,8 @@ class OpenAIServing:
         room = self.max_model_len - max(map(len, prompts))
         if max_tokens is None and room >= 1:  # else the prompt alone is too long: say so
             max_tokens = min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
-        params = self._sampling_params(body, max_tokens, prompts)
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        gen = Generation(
-            self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
-            body.priority,
-        )  # fmt: skip
-        created = int(time.time())
+        gen, request_id, created, include_usage = self._start(body, prompts, max_tokens, "cmpl")
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return _sse(self._completion_stream(gen, request_id, created, include_usage))
         await _run_until_disconnect(raw, _consume(gen))
         choices = [
@@ -224,15 +217,10 @@ class OpenAIServing:
         max_tokens = body.max_tokens
         if body.max_completion_tokens is not None:
             max_tokens = body.max_completion_tokens
-        params = self._sampling_params(body, max_tokens, prompts)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        gen = Generation(
-            self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
-            body.priority,
-        )  # fmt: skip
-        created = int(time.time())
+        gen, request_id, created, include_usage = self._start(
+            body, prompts, max_tokens, "chatcmpl"
+        )
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return _sse(self._chat_stream(gen, request_id, created, include_usage))
         await _run_until_disconnect(raw, _consume(gen))
         choices = [
@@ -255,6 +243,25 @@ class OpenAIServing:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
         if not self.client.is_alive:
             raise APIError(503, f"engine is not running: {self.client.dead_reason}")
+
+    def _start(
+        self, body: Any, prompts: list[list[int]], max_tokens: int | None, prefix: str
+    ) -> tuple[Generation, str, int, bool]:
+        """Validate sampling, then set up the generation of one HTTP request.
+
+        Returns:
+            ``(generation, request_id, created unix seconds, include_usage)``.
+        Raises:
+            APIError: 400 for bad sampling parameters.
+        """
+        params = self._sampling_params(body, max_tokens, prompts)
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        gen = Generation(
+            self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
+            body.priority,
+        )  # fmt: skip
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return gen, request_id, int(time.time()), include_usage
 
     def _completion_prompts(self, prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
