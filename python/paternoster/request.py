@@ -62,6 +62,9 @@ class Request:
         internal_id: small int id used by the C++ core (set by the scheduler).
         max_tokens: resolved output cap in tokens (set by the engine).
         generator: per-request ``torch.Generator`` when a seed was given.
+        first_scheduled_time: ``time.monotonic()`` seconds when a step first
+            scheduled it (``None`` while it has only waited); queue time is this
+            minus ``arrival_time``.
     """
 
     request_id: str
@@ -78,6 +81,7 @@ class Request:
     max_tokens: int = 16
     generator: torch.Generator | None = None
     stop_reason: int | str | None = None
+    first_scheduled_time: float | None = None
 
     def __post_init__(self) -> None:
         if self.sampling_params.seed is not None:

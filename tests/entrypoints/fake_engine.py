@@ -53,6 +53,8 @@ class FakeEngineCore:
         self.live: dict[str, tuple[EngineCoreRequest, list[int]]] = {}
         self.num_steps = 0
         self.step_log: list[int] = []
+        self.arrivals: dict[str, float] = {}  # monotonic s; dropped once scheduled
+        self.iteration_tokens: list[int] = []
 
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.request_id in self.live:
@@ -64,12 +66,14 @@ class FakeEngineCore:
         if n + max_tokens > self.max_model_len:
             raise ValueError(f"prompt ({n}) + max_tokens ({max_tokens}) > {self.max_model_len}")
         self.live[request.request_id] = (request, [])
+        self.arrivals[request.request_id] = time.monotonic()
 
     def abort_requests(self, request_ids) -> list[EngineCoreOutput]:
         outs = []
         for rid in request_ids:
             if self.live.pop(rid, None) is not None:
                 outs.append(EngineCoreOutput(rid, [], finish_reason="abort"))
+                self.arrivals.pop(rid, None)
         return outs
 
     def _next_token(self, generated: list[int]) -> int:
@@ -88,7 +92,13 @@ class FakeEngineCore:
         time.sleep(self.opts.get("step_delay", 0))
         outs = []
         self.step_log.append(len(self.live))
+        now = time.monotonic()
+        # Like EngineCore: a new request computes its prompt, a running one its last token.
+        self.iteration_tokens.append(
+            sum(len(r.prompt_token_ids) if not g else 1 for r, g in self.live.values())
+        )
         for rid, (req, gen) in list(self.live.items()):
+            arrival = self.arrivals.pop(rid, None)
             tok = self._next_token(gen)
             gen.append(tok)
             sp = req.sampling_params
@@ -102,11 +112,18 @@ class FakeEngineCore:
             elif len(gen) >= max_tokens:
                 finish = "length"
             outs.append(
-                EngineCoreOutput(rid, [tok], finish, stop_reason, None, len(req.prompt_token_ids))
+                EngineCoreOutput(
+                    rid, [tok], finish, stop_reason, None, len(req.prompt_token_ids),
+                    queue_time=None if arrival is None else now - arrival,
+                )
             )
             if finish:
                 del self.live[rid]
         return outs
+
+    def pop_iteration_tokens(self) -> list[int]:
+        tokens, self.iteration_tokens = self.iteration_tokens, []
+        return tokens
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.live)

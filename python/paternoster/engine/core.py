@@ -94,6 +94,10 @@ class EngineCore:
         )
         self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG_SIZE)
         self._num_steps = 0
+        # Queue times (s) of requests scheduled but not yet reported in an output.
+        self._unreported_queue_times: dict[str, float] = {}
+        # Tokens each step computed, since the last pop_iteration_tokens().
+        self._iteration_tokens: list[int] = []
         name = config.model.served_model_name or str(config.model.model).rstrip("/").split("/")[-1]
         self.info = {
             "model": name,
@@ -153,7 +157,7 @@ class EngineCore:
             A final output (``finish_reason="abort"``) for each aborted request.
         """
         aborted = self.scheduler.abort_requests(request_ids)
-        return [
+        outputs = [
             EngineCoreOutput(
                 request_id=r.request_id,
                 new_token_ids=[],
@@ -162,6 +166,8 @@ class EngineCore:
             )
             for r in aborted
         ]
+        self._attach_queue_times(outputs)
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -178,6 +184,7 @@ class EngineCore:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
+        self._note_first_scheduling(plan, t0)
         batch, rows = self._build_batch(plan)
         t1 = time.monotonic()
         sampled: dict[int, int] = {}
@@ -194,7 +201,29 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(plan, sampled)
         t3 = time.monotonic()
         self._record(plan, t0, t3, (t1 - t0) + (t3 - t2))
+        self._attach_queue_times(outputs)
         return outputs
+
+    def _note_first_scheduling(self, plan: SchedulerOutput, now: float) -> None:
+        """Stamp requests scheduled for the first time; remember their queue time."""
+        for r in plan.scheduled:
+            if r.first_scheduled_time is None:
+                r.first_scheduled_time = now
+                self._unreported_queue_times[r.request_id] = now - r.arrival_time
+
+    def _attach_queue_times(self, outputs: list[EngineCoreOutput]) -> None:
+        """Put each request's queue time on its first output after first scheduling."""
+        for o in outputs:
+            o.queue_time = self._unreported_queue_times.pop(o.request_id, None)
+
+    def pop_iteration_tokens(self) -> list[int]:
+        """Tokens the forward pass computed in each step since the last call.
+
+        Returns:
+            One count (tokens) per step that ran, oldest first; the log is cleared.
+        """
+        tokens, self._iteration_tokens = self._iteration_tokens, []
+        return tokens
 
     def _build_batch(self, plan: SchedulerOutput) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Flat batch arrays plus the rows whose prefill completes (they sample)."""
@@ -218,6 +247,7 @@ class EngineCore:
                 num_preempted=len(plan.preempted),
             )
         )
+        self._iteration_tokens.append(int(plan.total_num_scheduled_tokens))
         self._num_steps += 1
 
     # ------------------------------------------------------------------ stats

@@ -7,7 +7,7 @@ convert. Nothing is pickled.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from paternoster.sampling_params import SamplingParams
 
@@ -69,6 +69,9 @@ class EngineCoreOutput:
         stop_reason: the stop token id that ended it, if any.
         error: message when ``finish_reason == "error"``.
         num_prompt_tokens: prompt length in tokens (for usage).
+        queue_time: seconds from the request's arrival at the engine to the
+            step that first scheduled it; set on the request's first output
+            after that step only, ``None`` elsewhere (and omitted on the wire).
     """
 
     request_id: str
@@ -77,13 +80,14 @@ class EngineCoreOutput:
     stop_reason: int | None = None
     error: str | None = None
     num_prompt_tokens: int = 0
+    queue_time: float | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     def to_wire(self) -> dict:
-        return {
+        wire = {
             "request_id": self.request_id,
             "new_token_ids": self.new_token_ids,
             "finish_reason": self.finish_reason,
@@ -91,7 +95,18 @@ class EngineCoreOutput:
             "error": self.error,
             "num_prompt_tokens": self.num_prompt_tokens,
         }
+        if self.queue_time is not None:
+            wire["queue_time"] = self.queue_time
+        return wire
 
     @classmethod
     def from_wire(cls, d: dict) -> EngineCoreOutput:
-        return cls(**d)
+        """Decode a wire map; unknown keys (from a newer engine) are ignored.
+
+        Raises:
+            TypeError: a required key is missing.
+        """
+        return cls(**{k: v for k, v in d.items() if k in _OUTPUT_FIELDS})
+
+
+_OUTPUT_FIELDS = frozenset(f.name for f in fields(EngineCoreOutput))

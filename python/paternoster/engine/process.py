@@ -12,8 +12,10 @@ Protocol (msgpack maps, see :mod:`paternoster.engine.codec`; docs/protocol.md):
 - in ``add``      ``{"request": EngineCoreRequest.to_wire()}``
 - in ``abort``    ``{"request_ids": [str]}``
 - in ``shutdown`` ``{}``
-- out ``outputs`` ``{"outputs": [EngineCoreOutput.to_wire()]}`` — one per step,
-  plus the final outputs of aborted or rejected requests.
+- out ``outputs`` ``{"outputs": [EngineCoreOutput.to_wire()], "iteration_tokens": [int]}``
+  — one per step that produced outputs or ran a forward pass, plus the final
+  outputs of aborted or rejected requests; ``iteration_tokens`` lists the
+  tokens each step since the previous message computed (for metrics).
 - out ``heartbeat`` ``{"stats": EngineCore.stats(), "time": float}`` — every
   ``heartbeat_interval`` seconds, idle or busy (sent between steps).
 - out ``fatal``   ``{"error": str}`` — ``step()`` raised; the process exits 1.
@@ -95,6 +97,7 @@ class EngineLoop:
         self.parent_pid = parent_pid
         self.heartbeat_interval = heartbeat_interval
         self._pending: list[dict] = []
+        self._iteration_tokens: list[int] = []
         self._shutdown = False
         self._last_beat = 0.0
 
@@ -111,9 +114,11 @@ class EngineLoop:
                 break
             if self.engine.has_unfinished_requests():
                 self._pending.extend(o.to_wire() for o in self.engine.step())
-            if self._pending:
+                self._iteration_tokens.extend(self._pop_iteration_tokens())
+            if self._pending or self._iteration_tokens:
                 pending, self._pending = self._pending, []
-                if not self._put(message("outputs", outputs=pending)):
+                tokens, self._iteration_tokens = self._iteration_tokens, []
+                if not self._put(message("outputs", outputs=pending, iteration_tokens=tokens)):
                     return
             now = time.monotonic()
             if now - self._last_beat >= self.heartbeat_interval:
@@ -122,6 +127,11 @@ class EngineLoop:
                 if not self._parent_alive() or not self._put(beat):
                     logger.warning("frontend process is gone; engine exiting")
                     return
+
+    def _pop_iteration_tokens(self) -> list[int]:
+        """The engine's per-step token counts, if it keeps them (fakes may not)."""
+        pop = getattr(self.engine, "pop_iteration_tokens", None)
+        return [int(n) for n in pop()] if pop is not None else []
 
     def _parent_alive(self) -> bool:
         return self.parent_pid is None or os.getppid() == self.parent_pid

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 import zmq
@@ -97,6 +97,7 @@ class EngineClient:
         self._tasks: list[asyncio.Task] = []
         self._last_seen = 0.0
         self._closed = False
+        self._iteration_listeners: list[Callable[[list[int]], None]] = []
 
     # ----------------------------------------------------------------- life
 
@@ -281,6 +282,11 @@ class EngineClient:
         if ids and self.dead_reason is None and not self._closed:
             self._outbox.put_nowait(message("abort", request_ids=ids))
 
+    def add_iteration_listener(self, listener: Callable[[list[int]], None]) -> None:
+        """Call ``listener(tokens)`` for each ``outputs`` message: ``tokens`` holds
+        the tokens each engine step since the previous message computed (for metrics)."""
+        self._iteration_listeners.append(listener)
+
     @property
     def num_in_flight(self) -> int:
         """Requests whose outputs are still awaited."""
@@ -325,6 +331,7 @@ class EngineClient:
             self._last_seen = time.monotonic()
             if kind == "outputs":
                 self._dispatch(msg.get("outputs") or [])
+                self._notify_iterations(msg.get("iteration_tokens"))
             elif kind == "heartbeat":
                 self.stats = dict(msg.get("stats") or {})
             elif kind == "fatal":
@@ -340,6 +347,16 @@ class EngineClient:
             queue = self._queues.get(out.request_id)
             if queue is not None:
                 queue.put_nowait(out)
+
+    def _notify_iterations(self, tokens: object) -> None:
+        if not isinstance(tokens, list) or not tokens:
+            return
+        counts = [int(n) for n in tokens if isinstance(n, int)]
+        for listener in self._iteration_listeners:
+            try:
+                listener(counts)
+            except Exception:  # a metrics bug must not stop the receive loop
+                logger.exception("iteration listener failed")
 
     async def _watchdog(self) -> None:
         while self.dead_reason is None:

@@ -2,7 +2,8 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 GET /health (200, or 503 with the reason once the engine died), GET /stats
-(the engine's latest heartbeat stats; for tests and dashboards).
+(the engine's latest heartbeat stats; for tests and dashboards), GET /metrics
+(Prometheus text format; docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from paternoster.entrypoints.openai.protocol import (
     ModelList,
 )
 from paternoster.entrypoints.openai.serving import ClientDisconnected, OpenAIServing
+from paternoster.metrics import ServerMetrics
 
 logger = logging.getLogger("paternoster.server")
 
@@ -52,11 +54,15 @@ def build_app(client: EngineClient, tokenizer: Any, served_model_name: str) -> F
         tokenizer: the model's Hugging Face tokenizer.
         served_model_name: the model id clients must use.
     Returns:
-        The app (serve it with uvicorn).
+        The app (serve it with uvicorn); ``app.state.metrics`` is its
+        :class:`ServerMetrics` (a registry of its own).
     """
     app = FastAPI(title="Paternoster", docs_url=None, redoc_url=None)
-    serving = OpenAIServing(client, tokenizer, served_model_name)
+    metrics = ServerMetrics(lambda: client.stats)
+    client.add_iteration_listener(metrics.engine.observe_iteration_tokens)
+    serving = OpenAIServing(client, tokenizer, served_model_name, metrics.requests)
     app.state.serving = serving
+    app.state.metrics = metrics
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -117,5 +123,10 @@ def build_app(client: EngineClient, tokenizer: Any, served_model_name: str) -> F
                 "engine": client.stats,
             }
         )
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        """Prometheus metrics (text exposition format); see docs/metrics.md."""
+        return Response(metrics.render(), media_type=metrics.content_type)
 
     return app

@@ -42,6 +42,7 @@ from paternoster.entrypoints.openai.protocol import (
     DeltaMessage,
     UsageInfo,
 )
+from paternoster.metrics import RequestMetrics
 from paternoster.outputs import ChoiceDelta, SequenceState, fan_out
 from paternoster.sampling_params import SamplingParams
 
@@ -82,6 +83,9 @@ class Generation:
         max_model_len: resolves ``params.max_tokens=None`` per prompt.
         priority: scheduling priority (lower runs first; used by the
             ``priority`` scheduler, ignored by others).
+        metrics: where each choice's latencies, tokens and finish reason are
+            recorded (``None``: not recorded). A choice cut short by a client
+            disconnect (or a sibling's error) counts as ``abort``.
     """
 
     def __init__(
@@ -93,8 +97,10 @@ class Generation:
         params: SamplingParams,
         max_model_len: int | None = None,
         priority: int = 0,
+        metrics: RequestMetrics | None = None,
     ):
         self.client = client
+        self.metrics = metrics
         self.prompts = prompts
         self.jobs = []
         for p, ids in enumerate(prompts):
@@ -126,15 +132,23 @@ class Generation:
         queue: asyncio.Queue = asyncio.Queue()
 
         async def run(req, state: SequenceState) -> None:
+            tracker = self.metrics.track(len(req.prompt_token_ids)) if self.metrics else None
+            reason = "abort"  # unless it ends below: cancelled (client gone)
             try:
                 async with contextlib.aclosing(self.client.generate(req)) as outputs:
                     async for out in outputs:
+                        if tracker is not None:
+                            tracker.on_output(out)
                         queue.put_nowait(state.process(out))
                         if state.finished:
                             break  # closing the iterator aborts a stop-string match
+                reason = state.finish_reason or "abort"
             except Exception as e:
+                reason = "error"
                 queue.put_nowait(e)
             finally:
+                if tracker is not None:
+                    tracker.finish(reason, len(state.token_ids))
                 queue.put_nowait(_DONE)
 
         tasks = [asyncio.create_task(run(req, state)) for req, state in self.jobs]
@@ -160,10 +174,18 @@ class OpenAIServing:
         client: a started :class:`EngineClient`.
         tokenizer: the model's Hugging Face tokenizer.
         served_model_name: the only accepted ``model`` value.
+        metrics: request metrics to record into (``None``: none).
     """
 
-    def __init__(self, client: EngineClient, tokenizer: Any, served_model_name: str):
+    def __init__(
+        self,
+        client: EngineClient,
+        tokenizer: Any,
+        served_model_name: str,
+        metrics: RequestMetrics | None = None,
+    ):
         self.client = client
+        self.metrics = metrics
         self.tokenizer = tokenizer
         self.model_name = served_model_name
         info = client.info
@@ -258,7 +280,7 @@ class OpenAIServing:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         gen = Generation(
             self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
-            body.priority,
+            body.priority, self.metrics,
         )  # fmt: skip
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return gen, request_id, int(time.time()), include_usage

@@ -1,0 +1,74 @@
+"""Engine-side metrics: scheduler gauges, preemptions and tokens per step.
+
+The numbers come from the engine process over the ZMQ link: gauges and the
+preemption counter from the latest heartbeat's ``stats`` (at most one
+heartbeat interval old, 0.5 s by default), tokens per step from the
+``iteration_tokens`` field of ``outputs`` messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class _EngineStatsCollector(Collector):
+    """Reads the heartbeat stats at scrape time and exposes them."""
+
+    def __init__(self, engine_stats: Callable[[], dict]) -> None:
+        self._engine_stats = engine_stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine_stats() or {}
+        yield GaugeMetricFamily(
+            "paternoster:num_requests_running",
+            "Requests in the engine's running batch (requests).",
+            value=float(stats.get("num_running", 0)),
+        )
+        yield GaugeMetricFamily(
+            "paternoster:num_requests_waiting",
+            "Requests waiting to be scheduled, preempted ones included (requests).",
+            value=float(stats.get("num_waiting", 0)),
+        )
+        yield GaugeMetricFamily(
+            "paternoster:kv_cache_usage_perc",
+            "Fraction of KV cache blocks in use (0-1; 1 = full).",
+            value=float(stats.get("kv_cache_usage", 0.0)),
+        )
+        yield CounterMetricFamily(
+            "paternoster:num_preemptions",
+            "Requests preempted (recompute) since the engine started (preemptions).",
+            value=float(stats.get("num_preemptions_total", 0)),
+        )
+
+
+class EngineMetrics:
+    """Engine gauges (read from heartbeats) and the tokens-per-step histogram.
+
+    Args:
+        registry: where to register.
+        engine_stats: returns the latest heartbeat stats (``EngineCore.stats()``).
+    """
+
+    def __init__(self, registry: CollectorRegistry, engine_stats: Callable[[], dict]) -> None:
+        registry.register(_EngineStatsCollector(engine_stats))
+        self.iteration_tokens = Histogram(
+            "paternoster:iteration_tokens_total",
+            "Tokens the forward pass computed per engine step (tokens).",
+            buckets=ITERATION_TOKENS_BUCKETS,
+            registry=registry,
+        )
+
+    def observe_iteration_tokens(self, tokens: Iterable[int]) -> None:
+        """Record engine steps.
+
+        Args:
+            tokens: tokens computed by each step (one int per step).
+        """
+        for n in tokens:
+            self.iteration_tokens.observe(n)

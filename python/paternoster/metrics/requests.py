@@ -1,0 +1,149 @@
+"""Frontend-side request metrics: latencies, token counts and finish reasons.
+
+Measured in the frontend per engine request (one per choice, so a request
+with ``n=2`` counts twice) with ``time.monotonic()``, from the moment the
+frontend hands the request to the engine client.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from paternoster.engine.messages import EngineCoreOutput
+
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.001, 0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class RequestMetrics:
+    """Counters and histograms over finished engine requests.
+
+    Args:
+        registry: where to register.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.prompt_tokens = Counter(
+            "paternoster:prompt_tokens",
+            "Prompt tokens of engine requests whose prefill completed (tokens).",
+            registry=registry,
+        )
+        self.generation_tokens = Counter(
+            "paternoster:generation_tokens",
+            "Generated tokens delivered to clients (tokens).",
+            registry=registry,
+        )
+        self.request_success = Counter(
+            "paternoster:request_success",
+            "Finished engine requests by finish reason (requests).",
+            ["finished_reason"],
+            registry=registry,
+        )
+        for reason in FINISHED_REASONS:
+            self.request_success.labels(reason)
+        self.ttft = Histogram(
+            "paternoster:time_to_first_token_seconds",
+            "Seconds from submission to the first generated token.",
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            "paternoster:inter_token_latency_seconds",
+            "Seconds between consecutive token-bearing outputs of a request.",
+            buckets=ITL_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "paternoster:e2e_request_latency_seconds",
+            "Seconds from submission to the end of an engine request (any reason).",
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_time = Histogram(
+            "paternoster:request_queue_time_seconds",
+            "Seconds from arrival at the engine to first scheduling.",
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    def track(self, num_prompt_tokens: int) -> RequestTracker:
+        """Start timing one engine request (now).
+
+        Args:
+            num_prompt_tokens: its prompt length (tokens).
+        """
+        return RequestTracker(self, num_prompt_tokens)
+
+
+class RequestTracker:
+    """Times one engine request and records it in :class:`RequestMetrics`.
+
+    Call :meth:`on_output` for every engine output as it arrives and
+    :meth:`finish` exactly once at the end (later calls are ignored).
+
+    Args:
+        metrics: where to record.
+        num_prompt_tokens: the prompt length (tokens).
+        start: ``time.monotonic()`` seconds of submission (default: now).
+    """
+
+    def __init__(
+        self, metrics: RequestMetrics, num_prompt_tokens: int, start: float | None = None
+    ) -> None:
+        self.metrics = metrics
+        self.num_prompt_tokens = num_prompt_tokens
+        self.start = time.monotonic() if start is None else start
+        self.last_token_time: float | None = None
+        self.finished = False
+
+    def on_output(self, out: EngineCoreOutput, now: float | None = None) -> None:
+        """Record queue time, TTFT (and the prompt tokens) or one ITL.
+
+        Args:
+            out: the engine output that just arrived.
+            now: ``time.monotonic()`` seconds of arrival (default: now).
+        """
+        now = time.monotonic() if now is None else now
+        m = self.metrics
+        if out.queue_time is not None:
+            m.queue_time.observe(max(0.0, out.queue_time))
+        if not out.new_token_ids:
+            return
+        if self.last_token_time is None:
+            m.ttft.observe(now - self.start)
+            m.prompt_tokens.inc(self.num_prompt_tokens)
+        else:
+            m.itl.observe(now - self.last_token_time)
+        self.last_token_time = now
+
+    def finish(self, reason: str, num_generation_tokens: int, now: float | None = None) -> None:
+        """Record the end: E2E latency, generated tokens and the finish reason.
+
+        Args:
+            reason: ``"stop"``, ``"length"``, ``"abort"`` (engine or client
+                abort) or ``"error"``.
+            num_generation_tokens: tokens delivered to the client (tokens).
+            now: ``time.monotonic()`` seconds of the end (default: now).
+        """
+        if self.finished:
+            return
+        self.finished = True
+        now = time.monotonic() if now is None else now
+        m = self.metrics
+        m.e2e.observe(now - self.start)
+        m.generation_tokens.inc(num_generation_tokens)
+        m.request_success.labels(reason if reason in FINISHED_REASONS else "error").inc()
