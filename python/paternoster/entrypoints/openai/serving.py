@@ -16,7 +16,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -374,11 +374,14 @@ class OpenAIServing:
 
     # -------------------------------------------------------------- streams
 
-    async def _completion_stream(
-        self, gen: Generation, request_id: str, created: int, include_usage: bool
-    ) -> AsyncIterator[str]:
-        def chunk(choices: list[CompletionChoice], usage: UsageInfo | None = None) -> str:
-            c = CompletionStreamResponse(
+    def _chunk_encoder(
+        self, model_cls: type, request_id: str, created: int, include_usage: bool
+    ) -> Callable[..., str]:
+        """A function ``(choices, usage=None) -> SSE event`` for one stream of
+        ``model_cls`` chunks (``usage`` is left out unless ``include_usage``)."""
+
+        def chunk(choices: list, usage: UsageInfo | None = None) -> str:
+            c = model_cls(
                 id=request_id, created=created, model=self.model_name, choices=choices, usage=usage
             )
             data = c.model_dump()
@@ -386,6 +389,12 @@ class OpenAIServing:
                 data.pop("usage")
             return _event(json.dumps(data, ensure_ascii=False))
 
+        return chunk
+
+    async def _completion_stream(
+        self, gen: Generation, request_id: str, created: int, include_usage: bool
+    ) -> AsyncIterator[str]:
+        chunk = self._chunk_encoder(CompletionStreamResponse, request_id, created, include_usage)
         async with contextlib.aclosing(gen.deltas()) as deltas:
             try:
                 async for d in deltas:
@@ -405,15 +414,7 @@ class OpenAIServing:
     async def _chat_stream(
         self, gen: Generation, request_id: str, created: int, include_usage: bool
     ) -> AsyncIterator[str]:
-        def chunk(choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> str:
-            c = ChatCompletionChunk(
-                id=request_id, created=created, model=self.model_name, choices=choices, usage=usage
-            )
-            data = c.model_dump()
-            if not include_usage:
-                data.pop("usage")
-            return _event(json.dumps(data, ensure_ascii=False))
-
+        chunk = self._chunk_encoder(ChatCompletionChunk, request_id, created, include_usage)
         for s in gen.states:
             role = DeltaMessage(role="assistant", content="")
             yield chunk([ChatChunkChoice(index=s.index, delta=role)])
