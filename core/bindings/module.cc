@@ -17,6 +17,7 @@
 #include "paternoster/attention.h"
 #include "paternoster/batch_builder.h"
 #include "paternoster/block_pool.h"
+#include "paternoster/fused_ops.h"
 #include "paternoster/kv_cache_manager.h"
 #include "paternoster/thread_pool.h"
 
@@ -191,7 +192,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("num_scheduled_tokens"));
 
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
-        "Threads used by the CPU attention kernels (>= 1; default 1).");
+        "Threads used by the CPU attention kernels and fused ops (>= 1; default 1).");
   m.def("get_num_threads", &get_num_threads);
   m.def("attention_isa", &attention_isa, "SIMD variant of the attention kernel in use.");
 
@@ -230,4 +231,51 @@ PYBIND11_MODULE(_core, m) {
       py::arg("head_size"), py::arg("num_slots"), py::arg("dtype"),
       py::call_guard<py::gil_scoped_release>(),
       "Write K/V rows into cache slots on raw data pointers (see paternoster.ops).");
+
+  // Fused elementwise ops of the decoder block (see paternoster.ops).
+  m.def(
+      "_rms_norm_ptr",
+      [](uintptr_t out, uintptr_t x, uintptr_t weight, int64_t num_tokens, int64_t hidden_size,
+         double eps, DType dtype) {
+        rms_norm(ptr<void>(out), ptr<const void>(x), ptr<const void>(weight), num_tokens,
+                 hidden_size, eps, dtype);
+      },
+      py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("num_tokens"),
+      py::arg("hidden_size"), py::arg("eps"), py::arg("dtype"),
+      py::call_guard<py::gil_scoped_release>(), "RMSNorm on raw data pointers.");
+  m.def(
+      "_fused_add_rms_norm_ptr",
+      [](uintptr_t x, uintptr_t residual, uintptr_t weight, int64_t num_tokens,
+         int64_t hidden_size, double eps, DType dtype) {
+        fused_add_rms_norm(ptr<void>(x), ptr<void>(residual), ptr<const void>(weight),
+                           num_tokens, hidden_size, eps, dtype);
+      },
+      py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("num_tokens"),
+      py::arg("hidden_size"), py::arg("eps"), py::arg("dtype"),
+      py::call_guard<py::gil_scoped_release>(),
+      "residual += x; x = RMSNorm(residual), in place on raw data pointers.");
+  m.def(
+      "_silu_and_mul_ptr",
+      [](uintptr_t out, uintptr_t x, int64_t num_tokens, int64_t intermediate_size,
+         DType dtype) {
+        silu_and_mul(ptr<void>(out), ptr<const void>(x), num_tokens, intermediate_size, dtype);
+      },
+      py::arg("out"), py::arg("x"), py::arg("num_tokens"), py::arg("intermediate_size"),
+      py::arg("dtype"), py::call_guard<py::gil_scoped_release>(),
+      "silu(gate) * up on raw data pointers.");
+  m.def(
+      "_rotary_embedding_ptr",
+      [](uintptr_t positions, uintptr_t query, uintptr_t key, uintptr_t cos_sin_cache,
+         int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+         int64_t query_stride, int64_t key_stride, int64_t max_positions, bool is_neox,
+         DType dtype) {
+        rotary_embedding(ptr<const int64_t>(positions), ptr<void>(query), ptr<void>(key),
+                         ptr<const void>(cos_sin_cache), num_tokens, num_heads, num_kv_heads,
+                         head_size, query_stride, key_stride, max_positions, is_neox, dtype);
+      },
+      py::arg("positions"), py::arg("query"), py::arg("key"), py::arg("cos_sin_cache"),
+      py::arg("num_tokens"), py::arg("num_heads"), py::arg("num_kv_heads"),
+      py::arg("head_size"), py::arg("query_stride"), py::arg("key_stride"),
+      py::arg("max_positions"), py::arg("is_neox"), py::arg("dtype"),
+      py::call_guard<py::gil_scoped_release>(), "RoPE in place on raw data pointers.");
 }

@@ -1,6 +1,7 @@
 """Type stubs for ``paternoster._core``, the pybind11 module over the C++ core
-(``core/``): KV block pool, KV cache manager, batch builder and the CPU
-paged-attention kernels.
+(``core/``): KV block pool, KV cache manager, batch builder, the CPU
+paged-attention kernels and the fused elementwise ops of the decoder block
+(RMSNorm, SwiGLU gating, RoPE).
 
 Block tables and the KV layout follow PagedAttention (Kwon et al., SOSP'23).
 Request ids are caller-chosen int64. Errors: ``ValueError`` for bad arguments
@@ -164,7 +165,8 @@ class BatchBuilder:
         """
 
 def set_num_threads(n: int) -> None:
-    """Threads (including the caller) the CPU attention kernels use; default 1.
+    """Threads (including the caller) the CPU attention kernels and fused ops use;
+    default 1.
     A persistent pool of std::threads (not OpenMP). Raises ValueError if n < 1."""
 
 def get_num_threads() -> int:
@@ -215,3 +217,63 @@ def _reshape_and_cache_ptr(
     """Write K/V rows into cache slots on raw CPU data pointers; ``num_slots`` =
     num_blocks * block_size bounds the slots (ValueError before writing). Releases
     the GIL. Use :func:`paternoster.ops.reshape_and_cache` instead."""
+
+def _rms_norm_ptr(
+    out: int,
+    x: int,
+    weight: int,
+    num_tokens: int,
+    hidden_size: int,
+    eps: float,
+    dtype: DType,
+) -> None:
+    """RMSNorm of ``x`` [T, H] into ``out`` (may be ``x``) on raw CPU data
+    pointers, HF Llama's roundings. ValueError (before writing) for bad sizes or
+    ``eps``; cannot check the pointers. Releases the GIL. Use
+    :func:`paternoster.ops.rms_norm` instead."""
+
+def _fused_add_rms_norm_ptr(
+    x: int,
+    residual: int,
+    weight: int,
+    num_tokens: int,
+    hidden_size: int,
+    eps: float,
+    dtype: DType,
+) -> None:
+    """``residual += x; x = rms_norm(residual)`` in place on raw CPU data pointers
+    ([T, H] each, distinct). Releases the GIL. Use
+    :func:`paternoster.ops.fused_add_rms_norm` instead."""
+
+def _silu_and_mul_ptr(
+    out: int,
+    x: int,
+    num_tokens: int,
+    intermediate_size: int,
+    dtype: DType,
+) -> None:
+    """``out [T, I] = silu(x[:, :I]) * x[:, I:]`` on raw CPU data pointers
+    (``out`` must not overlap ``x``). Releases the GIL. Use
+    :func:`paternoster.ops.silu_and_mul` instead."""
+
+def _rotary_embedding_ptr(
+    positions: int,
+    query: int,
+    key: int,
+    cos_sin_cache: int,
+    num_tokens: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    query_stride: int,
+    key_stride: int,
+    max_positions: int,
+    is_neox: bool,
+    dtype: DType,
+) -> None:
+    """RoPE in place on raw CPU data pointers: ``query`` rows of ``num_heads``
+    heads ``query_stride`` elements apart, ``key`` likewise, ``cos_sin_cache``
+    [max_positions, head_size] (cos then sin), ``positions`` int64 [T].
+    ValueError (before writing) for a position outside ``[0, max_positions)``,
+    an odd head size or rows closer than their heads. Releases the GIL. Use
+    :func:`paternoster.ops.rotary_embedding` instead."""

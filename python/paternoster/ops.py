@@ -1,4 +1,6 @@
-"""Torch-facing wrappers of the paged-attention kernels of the C++ core.
+"""Torch-facing wrappers of the kernels of the C++ core: paged attention, and
+the fused elementwise ops of the decoder block (RMSNorm, residual add + RMSNorm,
+SwiGLU gating, RoPE; see the end of this module).
 
 The kernels (``paternoster._core``) take raw data pointers and sizes; these
 functions check dtype, device, shape and contiguity first and raise
@@ -56,6 +58,10 @@ __all__ = [
     "cuda_kernels_available",
     "set_num_threads",
     "get_num_threads",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "silu_and_mul",
+    "rotary_embedding",
 ]
 
 _DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloat16}
@@ -437,3 +443,228 @@ def paged_attention(
         backend.paged_attention(*args, device=device, max_query_len=max_query_len,
                                 max_seq_len=max_seq_len, workspace=workspace)
     return out
+
+
+# ---------------------------------------------------------------- fused elementwise ops
+#
+# One pass over the rows instead of a chain of small tensor ops (and their
+# float32 copies): at decode sizes their dispatch costs more than their
+# arithmetic. CPU tensors run the C++ core (float32 or bfloat16, float32
+# arithmetic, parallel over rows on :func:`set_num_threads` threads for large
+# calls); tensors on other devices (CUDA) run the torch code of
+# :mod:`paternoster.model` (rms_norm_torch, silu_and_mul_torch,
+# rotary_embedding_torch), without the CPU checks.
+
+
+def _elsewhere(t: object) -> bool:
+    """True for a tensor on a non-CPU device (the torch fallback runs)."""
+    return isinstance(t, torch.Tensor) and t.device.type != "cpu"
+
+
+def _check_rows(t: object, name: str) -> tuple[int, int]:
+    """[rows, width] of a contiguous 2-D CPU-kernel tensor, else ValueError."""
+    rows, w = _check(t, name, 2)
+    _kernel_dtype(_DTYPES, t, name)  # type: ignore[arg-type]
+    return rows, w
+
+
+def _check_weight(weight: object, x: torch.Tensor, hidden: int) -> None:
+    (n,) = _check(weight, "weight", 1, x.dtype, x.device)
+    if n != hidden:
+        raise ValueError(f"weight has {n} entries, x has hidden size {hidden}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm (Zhang & Sennrich 2019) of each row, with HF Llama's roundings.
+
+    ``out = round(round(x * inv_rms) * weight)`` with
+    ``inv_rms = 1 / sqrt(mean(x ** 2) + eps)`` in float32 and ``round`` to the
+    dtype: the normalised row is cast to the model dtype before the weight is
+    applied in that dtype, as HF's ``LlamaRMSNorm`` does, so bfloat16 results
+    carry the same bits as torch's (up to the order of the float32 sum).
+
+    Args:
+        x: ``[T, H]``, contiguous; float32 or bfloat16 on CPU.
+        weight: ``[H]``, same dtype and device.
+        eps: added to the mean square (>= 0).
+        out: optional ``[T, H]`` output (may be ``x``); new if not given.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: naming the argument, for a wrong type, dtype, device, shape
+            or a non-contiguous tensor, or a negative ``eps``.
+    """
+    if _elsewhere(x):
+        from paternoster.model.llama import rms_norm_torch
+
+        y = rms_norm_torch(x, weight, eps)
+        return y if out is None else out.copy_(y)
+    t, h = _check_rows(x, "x")
+    _check_weight(weight, x, h)
+    if out is None:
+        out = torch.empty_like(x)
+    elif _check(out, "out", 2, x.dtype, x.device) != x.shape:
+        raise ValueError(f"out shape {tuple(out.shape)} != x shape {tuple(x.shape)}")
+    _core._rms_norm_ptr(out.data_ptr(), x.data_ptr(), weight.data_ptr(), t, h, float(eps),
+                        _DTYPES[x.dtype])
+    return out
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> None:
+    """Residual add and RMSNorm in one pass, in place (vLLM's ``fused_add_rms_norm``):
+    ``residual = round(x + residual)``, then ``x = rms_norm(residual, weight, eps)``.
+
+    A pre-norm decoder carries the residual stream through its layers this way:
+    the add that closes one sub-block and the norm that opens the next are one
+    kernel. The add rounds once, like torch's ``x + residual`` in the dtype,
+    and the norm reads the rounded sum, so the bits equal the unfused code's.
+
+    Args:
+        x: ``[T, H]``, contiguous; float32 or bfloat16 on CPU. Overwritten
+            with the normalised rows.
+        residual: ``[T, H]``, same dtype and device, not ``x`` itself.
+            Overwritten with ``x + residual``.
+        weight: ``[H]``, same dtype and device.
+        eps: added to the mean square (>= 0).
+
+    Raises:
+        ValueError: naming the argument, for a wrong type, dtype, device, shape
+            or a non-contiguous tensor, ``residual`` starting where ``x`` does,
+            or a negative ``eps``.
+    """
+    if _elsewhere(x):
+        from paternoster.model.llama import rms_norm_torch
+
+        residual.add_(x)
+        x.copy_(rms_norm_torch(residual, weight, eps))
+        return
+    t, h = _check_rows(x, "x")
+    if _check(residual, "residual", 2, x.dtype, x.device) != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    _check_weight(weight, x, h)
+    _core._fused_add_rms_norm_ptr(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), t, h,
+                                  float(eps), _DTYPES[x.dtype])
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SwiGLU's gating (Shazeer 2020, "GLU Variants Improve Transformer"):
+    ``silu(gate) * up`` for ``x = [gate | up]``.
+
+    ``silu(g) = g / (1 + exp(-g))``, computed in float32 together with the
+    product and rounded once. Torch's ``F.silu(gate) * up`` rounds the SiLU
+    output to the dtype first, so in bfloat16 an element may differ from it by
+    one unit in the last place (relative 2**-8); in float32 by a few ulps.
+
+    Args:
+        x: ``[T, 2 * I]``, contiguous: the fused gate/up projection, gate
+            columns first; float32 or bfloat16 on CPU.
+        out: optional ``[T, I]`` output of ``x``'s dtype (not overlapping ``x``).
+
+    Returns:
+        ``out`` (a new ``[T, I]`` tensor if not given).
+
+    Raises:
+        ValueError: naming the argument, for a wrong type, dtype, device, shape
+            (odd width), a non-contiguous tensor or ``out`` overlapping ``x``.
+    """
+    if _elsewhere(x):
+        from paternoster.model.llama import silu_and_mul_torch
+
+        y = silu_and_mul_torch(x)
+        return y if out is None else out.copy_(y)
+    t, w = _check_rows(x, "x")
+    if w % 2:
+        raise ValueError(f"x must have an even number of columns (gate, up), got {w}")
+    inter = w // 2
+    if out is None:
+        out = torch.empty((t, inter), dtype=x.dtype, device=x.device)
+    elif tuple(_check(out, "out", 2, x.dtype, x.device)) != (t, inter):
+        raise ValueError(f"out must have shape {(t, inter)}, got {tuple(out.shape)}")
+    _core._silu_and_mul_ptr(out.data_ptr(), x.data_ptr(), t, inter, _DTYPES[x.dtype])
+    return out
+
+
+def _check_heads(t: object, name: str, head_size: int, dtype: torch.dtype | None,
+                 device: torch.device | None) -> tuple[int, int, int]:
+    """(tokens, heads, row stride) of a [T, H, D] or [T, H * D] tensor whose
+    heads are contiguous within a row; rows may be further apart."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() == 3:
+        tokens, heads, d = t.shape
+        if d != head_size:
+            raise ValueError(f"{name} has head size {d}, expected head_size={head_size}")
+        inner = t.stride(2) == 1 and (heads == 1 or t.stride(1) == head_size)
+    elif t.dim() == 2:
+        tokens, width = t.shape
+        if width % head_size:
+            raise ValueError(f"{name} width {width} is not a multiple of head_size={head_size}")
+        heads, inner = width // head_size, t.stride(1) == 1
+    else:
+        raise ValueError(f"{name} must be [T, H, D] or [T, H * D], got shape {tuple(t.shape)}")
+    if not inner:
+        raise ValueError(f"{name} must have contiguous heads within each row")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (like query)")
+    stride = t.stride(0) if tokens > 1 else heads * head_size
+    if stride < heads * head_size:
+        raise ValueError(f"{name} rows overlap (row stride {stride})")
+    return tokens, heads, stride
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, head_size: int, is_neox: bool = True) -> None:
+    """Rotary position embedding (RoPE, Su et al. 2021, "RoFormer"), in place on
+    the queries and keys of a flattened batch; the table lookup is fused in.
+
+    Token t's pair i turns by the angle of row ``positions[t]`` of the table:
+    ``x_a' = x_a cos - x_b sin``, ``x_b' = x_b cos + x_a sin``, with pairs
+    ``(i, i + D/2)`` when ``is_neox`` (GPT-NeoX / HF Llama "rotate half") and
+    ``(2i, 2i + 1)`` otherwise (GPT-J). On CPU both products are rounded to
+    the dtype before the sum, as HF's ``q * cos + rotate_half(q) * sin``.
+
+    Args:
+        positions: int64 ``[T]``, each in ``[0, max_positions)``.
+        query: ``[T, Hq, D]`` or ``[T, Hq * D]``; float32 or bfloat16 on CPU.
+            Heads must be contiguous within a row, rows may be further apart
+            (a view into a fused qkv projection works, no copy).
+        key: ``[T, Hkv, D]`` or ``[T, Hkv * D]``, same dtype and device, the
+            same layout rules.
+        cos_sin_cache: ``[max_positions, D]``, contiguous, the dtype of
+            ``query``: the cos of a position's D/2 angles, then their sin (any
+            frequency scaling folded in; see
+            :class:`paternoster.model.rope.RotaryEmbedding`).
+        head_size: D (even).
+        is_neox: the pairing (above).
+
+    Raises:
+        ValueError: naming the argument, for a wrong type, dtype, device or
+            shape, heads not contiguous within a row, an odd ``head_size``,
+            or (CPU) a position outside the table (then nothing is written).
+    """
+    if _elsewhere(query):
+        from paternoster.model.rope import rotary_embedding_torch
+
+        rotary_embedding_torch(positions, query, key, cos_sin_cache, is_neox)
+        return
+    if head_size <= 0 or head_size % 2:
+        raise ValueError(f"head_size must be even and > 0, got {head_size}")
+    t, hq, q_stride = _check_heads(query, "query", head_size, None, None)
+    dtype = _kernel_dtype(_DTYPES, query, "query")
+    t_k, hkv, k_stride = _check_heads(key, "key", head_size, query.dtype, query.device)
+    if t_k != t:
+        raise ValueError(f"key has {t_k} tokens, query has {t}")
+    if _check(positions, "positions", 1, torch.int64, query.device)[0] != t:
+        raise ValueError(f"positions has {positions.shape[0]} entries, query has {t} tokens")
+    max_pos, d = _check(cos_sin_cache, "cos_sin_cache", 2, query.dtype, query.device)
+    if d != head_size:
+        raise ValueError(f"cos_sin_cache has {d} columns, expected head_size={head_size}")
+    _core._rotary_embedding_ptr(positions.data_ptr(), query.data_ptr(), key.data_ptr(),
+                                cos_sin_cache.data_ptr(), t, hq, hkv, head_size, q_stride,
+                                k_stride, max_pos, bool(is_neox), dtype)

@@ -7,6 +7,17 @@ grouped-query attention with RoPE and a SwiGLU MLP. The q/k/v projections are
 fused into one matrix, as are gate/up, so each block runs four matmuls;
 :meth:`LlamaForCausalLM.load_weights` maps HF checkpoint names onto the fused
 parameters.
+
+On CPU (float32/bfloat16) the elementwise work between the matmuls runs in the
+C++ core's fused kernels (:mod:`paternoster.ops`): RMSNorm, the residual add
+fused with the next RMSNorm (the residual stream is carried through the layers
+as in vLLM), SiLU-and-mul and in-place RoPE with the table lookup folded in.
+Elsewhere (CUDA) the torch code below runs, unchanged. The kernels keep HF
+Llama's roundings: RMSNorm and the residual adds give the torch code's bits
+(up to the order of a float32 sum), RoPE gives HF's bits (the torch code's
+:func:`apply_rotary` fuses one product into an addcmul, so it can differ by one
+unit in the last place), and SiLU-and-mul rounds once where torch rounds twice
+(see :func:`paternoster.ops.silu_and_mul`).
 """
 
 from __future__ import annotations
@@ -20,12 +31,72 @@ from torch import nn
 from paternoster.model.attention import AttentionMetadata, AttentionOps, paged_attention_layer
 from paternoster.model.rope import RotaryEmbedding, apply_rotary, rope_parameters
 
+try:  # the fused CPU kernels of the C++ core
+    from paternoster import ops as _kernels
+except ImportError:  # pragma: no cover - core not built: the torch code runs everywhere
+    _kernels = None
+
 KVCache = tuple[torch.Tensor, torch.Tensor]
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [T, 1, D/2] of the step's positions
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | None = None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def _use_kernels(x: torch.Tensor) -> bool:
+    """Whether ``x``'s elementwise ops run in the fused CPU kernels."""
+    return _kernels is not None and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in torch ops, as HF Llama: float32 statistics, the normalised rows
+    cast to ``x``'s dtype, then multiplied by ``weight`` in that dtype.
+    x: [T, H] -> new [T, H]."""
+    x32 = x.float()  # a copy unless x is float32
+    inv_rms = torch.rsqrt(x32.square().mean(-1, keepdim=True).add_(eps))
+    y = x32.mul_(inv_rms) if x.dtype != torch.float32 else x32 * inv_rms
+    return y.to(x.dtype).mul_(weight)
+
+
+def silu_and_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` in torch ops for ``gate_up`` [T, 2 I] (gate columns
+    first) -> new [T, I]; the SiLU output is rounded to the dtype before the
+    product."""
+    inter = gate_up.shape[-1] // 2
+    return F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+
+
+class Rope:
+    """RoPE for one step's tokens, shared by all layers: rotates q and k.
+
+    With the CPU kernels it rotates in place through the cached cos/sin table
+    (:func:`paternoster.ops.rotary_embedding`); otherwise the step's cos/sin rows
+    are looked up once here and :func:`apply_rotary` makes new tensors.
+
+    Args:
+        rotary: the model's table.
+        positions: int64[T], each token's position.
+        use_kernels: rotate in place with the CPU kernels (the tensors must be
+            on the CPU, float32 or bfloat16).
+    """
+
+    def __init__(self, rotary: RotaryEmbedding, positions: torch.Tensor,
+                 use_kernels: bool) -> None:
+        self.rotary = rotary
+        self.positions = positions
+        self.in_place = use_kernels
+        if not use_kernels:
+            self.cos, self.sin = rotary.lookup(positions)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D], k [T, Hkv, D] (views into the qkv projection are fine) ->
+        rotated (q, k): the same tensors in place, or new contiguous ones."""
+        if self.in_place:
+            _kernels.rotary_embedding(self.positions, q, k, self.rotary.cos_sin_cache,
+                                      self.rotary.head_dim)
+            return q, k
+        return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
 
 
 class RMSNorm(nn.Module):
@@ -42,11 +113,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] -> [T, H], same dtype."""
-        x32 = x.float()  # a copy unless x is float32
-        inv_rms = torch.rsqrt(x32.square().mean(-1, keepdim=True).add_(self.eps))
-        y = x32.mul_(inv_rms) if x.dtype != torch.float32 else x32 * inv_rms
-        return y.to(x.dtype).mul_(self.weight)
+        """x: [T, H] -> new [T, H], same dtype."""
+        if _use_kernels(x):
+            return _kernels.rms_norm(x, self.weight, self.eps)
+        return rms_norm_torch(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """CPU kernels only: ``residual += x`` and ``x = norm(residual)``, both in
+        place in one pass (:func:`paternoster.ops.fused_add_rms_norm`); returns x."""
+        _kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        return x
 
 
 class LlamaAttention(nn.Module):
@@ -77,8 +153,8 @@ class LlamaAttention(nn.Module):
         T = x.shape[0]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(T, self.num_heads, self.head_dim), *rope)
-        k = apply_rotary(k.view(T, self.num_kv_heads, self.head_dim), *rope)
+        q, k = rope(q.view(T, self.num_heads, self.head_dim),
+                    k.view(T, self.num_kv_heads, self.head_dim))
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         out = paged_attention_layer(self.ops, q, k, v, kv_cache, attn, self.scale)
         return F.linear(out.view(T, self.q_size), self.o_weight, self.o_bias)
@@ -103,7 +179,10 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
         gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
-        act = F.silu(gate_up[:, : self.inter]).mul_(gate_up[:, self.inter :])
+        if _use_kernels(gate_up):
+            act = _kernels.silu_and_mul(gate_up)
+        else:
+            act = silu_and_mul_torch(gate_up)
         return F.linear(act, self.down_weight, self.down_bias)
 
 
@@ -123,6 +202,30 @@ class LlamaDecoderLayer(nn.Module):
         """x: [T, H] -> [T, H] (new tensor; ``x`` is not modified)."""
         h = self.self_attn(rope, self.input_layernorm(x), kv_cache, attn).add_(x)
         return self.mlp(self.post_attention_layernorm(h)).add_(h)
+
+    def forward_fused(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None,
+                      kv_cache: KVCache,
+                      attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same block on the fused CPU kernels, with the residual stream
+        carried separately (as vLLM does): the add closing each sub-block runs
+        in one pass with the norm opening the next.
+
+        Args:
+            x: [T, H], the previous block's MLP output, not yet added to
+                ``residual`` (overwritten); the embeddings when ``residual`` is None.
+            residual: [T, H], the stream before ``x`` is added (updated in
+                place), or None for the first layer.
+        Returns:
+            (mlp output [T, H], residual): ``mlp_out + residual`` is what
+            :meth:`forward` returns (the adds round alike; the kernels' SiLU
+            and RoPE roundings are those of :mod:`paternoster.ops`).
+        """
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h = self.input_layernorm.add_forward(x, residual)
+        a = self.self_attn(rope, h, kv_cache, attn)
+        return self.mlp(self.post_attention_layernorm.add_forward(a, residual)), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -170,7 +273,8 @@ class LlamaForCausalLM(nn.Module):
         Args:
             input_ids: int64[T], the tokens of all scheduled sequences, back to back.
             positions: int64[T], each token's position in its sequence, in
-                ``[0, max_positions)`` (the RoPE table; IndexError beyond).
+                ``[0, max_positions)`` (the RoPE table; beyond it IndexError, or
+                ValueError from the CPU kernels).
             attn: cache placement (see :class:`AttentionMetadata`).
             kv_caches: per layer (key_cache, value_cache), each
                 [num_blocks, block_size, Hkv, D] in the model dtype; updated in place.
@@ -178,10 +282,16 @@ class LlamaForCausalLM(nn.Module):
             [T, H] final hidden states (after the last RMSNorm), model dtype.
         """
         x = F.embedding(input_ids, self.embed_tokens)
-        rope = self.rotary.lookup(positions)
+        fused = _use_kernels(x) and len(self.layers) > 0
+        rope = Rope(self.rotary, positions, fused)
+        if not fused:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                x = layer(rope, x, kv_cache, attn)
+            return self.norm(x)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(rope, x, kv_cache, attn)
-        return self.norm(x)
+            x, residual = layer.forward_fused(rope, x, residual, kv_cache, attn)
+        return self.norm.add_forward(x, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (model dtype) -> float32 logits [N, V] (matmul in model dtype)."""

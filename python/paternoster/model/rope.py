@@ -89,7 +89,10 @@ class RotaryEmbedding(nn.Module):
         params: from :func:`rope_parameters`.
         dtype: dtype of the cached table and of q/k.
     The table is computed in float32 (angle = position * inv_freq, as HF does)
-    and then cast to ``dtype``.
+    and then cast to ``dtype``. It is kept once, as ``cos_sin_cache``
+    [max_positions, D] (the cos of a position's D/2 angles, then their sin: the
+    layout of :func:`paternoster.ops.rotary_embedding`); ``cos`` and ``sin``
+    [max_positions, D/2] are views of its halves.
     """
 
     def __init__(self, head_dim: int, max_positions: int, params: dict,
@@ -100,8 +103,11 @@ class RotaryEmbedding(nn.Module):
         inv_freq = inverse_frequencies(head_dim, params)
         positions = torch.arange(max_positions, dtype=torch.int64).to(torch.float32)
         angles = positions[:, None] * inv_freq  # [max_positions, D/2]
-        self.register_buffer("cos", angles.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", angles.sin().to(dtype), persistent=False)
+        cache = torch.cat([angles.cos(), angles.sin()], dim=-1).to(dtype)
+        self.head_dim = head_dim
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+        self.register_buffer("cos", cache[:, : head_dim // 2], persistent=False)
+        self.register_buffer("sin", cache[:, head_dim // 2 :], persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of ``positions`` int64[T]: each [T, 1, D/2] in the table dtype.
@@ -122,3 +128,24 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-1)
     torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
     return out
+
+
+def rotary_embedding_torch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                           cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    """The torch code behind :func:`paternoster.ops.rotary_embedding` off the CPU:
+    rotates ``query`` [T, Hq, D] / [T, Hq * D] and ``key`` in place by the
+    angles of ``cos_sin_cache[positions]`` ([max_positions, D], cos then sin),
+    through :func:`apply_rotary` (``is_neox``, rotate-half pairs) or the same
+    arithmetic on the interleaved (GPT-J) pairs."""
+    d = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2] each
+    for x in (query, key):
+        heads = x.view(x.shape[0], -1, d)
+        if is_neox:
+            heads.copy_(apply_rotary(heads, cos, sin))
+            continue
+        x1, x2 = heads[..., 0::2], heads[..., 1::2]
+        o1 = torch.mul(x1, cos).addcmul_(x2, sin, value=-1)
+        o2 = torch.mul(x2, cos).addcmul_(x1, sin)
+        x1.copy_(o1)
+        x2.copy_(o2)

@@ -1,0 +1,5 @@
+// The fused elementwise kernels built for the "avx512" ISA level (see
+// CMakeLists.txt for its -march). Selected at run time by fused_ops_cpu.cc.
+#define PATERNOSTER_ISA_NS avx512
+#define PATERNOSTER_SIMD_WIDTH 16
+#include "fused_ops_kernel.inc"
