@@ -1,0 +1,75 @@
+"""``paternoster bench capacity`` against stub servers whose latency grows with load."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from paternoster.bench.cli import main as bench_main
+from tests.bench.stub_server import StubServer
+
+COMMON = ["--dataset", "random", "--input-len", "8", "--output-len", "3", "--no-progress"]
+
+
+def test_concurrency_capacity_is_found_by_bisection(tmp_path, capsys):
+    # TTFT = 80 ms x requests in flight: concurrency 6 gives 0.48 s, 7 gives 0.56 s.
+    out, png = tmp_path / "cap.json", tmp_path / "cap.png"
+    t0 = time.monotonic()
+    with StubServer(ttft=0.0, ttft_per_inflight=0.08, itl=0.005) as srv:
+        rc = bench_main([
+            "capacity", "--base-url", srv.url, *COMMON, "--mode", "concurrency",
+            "--slo-ttft-p95", "0.52", "--slo-itl-p95", "0.1", "--start", "1",
+            "--bisect-rounds", "5", "--probe-requests", "1", "--json", str(out), "--png", str(png),
+        ])  # fmt: skip
+    assert rc == 0 and time.monotonic() - t0 < 60
+    data = json.loads(out.read_text())
+    assert 5 <= data["capacity"] <= 6 and data["first_fail"] == data["capacity"] + 1
+    loads = [p["load"] for p in data["probes"]]
+    assert loads[:4] == [1, 2, 4, 8] and data["stopped"] == "converged"
+    for p in data["probes"]:
+        assert p["summary"]["num_sent"] == max(1, 3 * int(p["load"]))
+        assert p["ok"] == (p["load"] <= data["capacity"])
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "capacity: " in capsys.readouterr().out
+
+
+def test_rate_capacity_lies_in_the_expected_bracket(tmp_path):
+    # One serial 25 ms prefill per request: the server saturates at 40 req/s.
+    out = tmp_path / "cap.json"
+    t0 = time.monotonic()
+    with StubServer(ttft=0.0, prefill_s=0.025, itl=0.005) as srv:
+        rc = bench_main([
+            "capacity", "--base-url", srv.url, *COMMON, "--slo-ttft-p95", "0.25",
+            "--slo-itl-p95", "0.1", "--start", "20", "--bisect-rounds", "2",
+            "--tolerance", "0.1", "--probe-requests", "20", "--probe-duration", "1",
+            "--json", str(out),
+        ])  # fmt: skip
+    assert rc == 0 and time.monotonic() - t0 < 60
+    data = json.loads(out.read_text())
+    assert 20 <= data["capacity"] < 80 and data["first_fail"] <= 80
+    first = data["probes"][0]
+    assert first["load"] == 20 and first["summary"]["num_sent"] == 20
+
+
+def test_capacity_search_is_bounded_in_time_and_requests(tmp_path):
+    out = tmp_path / "cap.json"
+    with StubServer(ttft=0.01, itl=0.005) as srv:  # never saturates
+        t0 = time.monotonic()
+        rc = bench_main([
+            "capacity", "--base-url", srv.url, *COMMON, "--slo-ttft-p95", "1",
+            "--slo-itl-p95", "1", "--start", "10", "--probe-duration", "0.5",
+            "--probe-requests", "5", "--max-duration", "2", "--max-requests", "1000",
+            "--json", str(out),
+        ])  # fmt: skip
+        elapsed = time.monotonic() - t0
+        assert rc == 0 and elapsed < 5
+        data = json.loads(out.read_text())
+        assert data["stopped"] == "max_duration" and data["capacity"] >= 10
+        rc = bench_main([
+            "capacity", "--base-url", srv.url, *COMMON, "--slo-ttft-p95", "1",
+            "--slo-itl-p95", "1", "--start", "50", "--max-requests", "70", "--json", str(out),
+        ])  # fmt: skip
+    data = json.loads(out.read_text())
+    assert data["stopped"] == "max_requests"
+    assert sum(p["summary"]["num_sent"] for p in data["probes"]) <= 70
+    assert [p["ok"] for p in data["probes"]] == [True, None]  # the second was cut to 20
