@@ -116,12 +116,38 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class TimelineConfig:
+    """Request timelines (docs/metrics.md): bounded records of steps and requests.
+
+    Attributes:
+        size: engine steps kept in the ring buffer; 0 turns timelines off.
+        sample_rate: fraction of requests recorded, in [0, 1] (a hash of the
+            request id decides, so the choice is reproducible).
+        max_requests: requests kept at once (the oldest finished one is
+            evicted first); ``None`` means ``size``.
+    """
+
+    size: int = 0
+    sample_rate: float = 1.0
+    max_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            raise ValueError(f"timeline size must be >= 0 steps (0 = off), got {self.size}")
+        if not 0.0 <= self.sample_rate <= 1.0:
+            raise ValueError(f"timeline sample_rate must be in [0, 1], got {self.sample_rate}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(f"timeline max_requests must be >= 1, got {self.max_requests}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine process needs (sent to it as a msgpack map)."""
 
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    timeline: TimelineConfig = field(default_factory=TimelineConfig)
     num_threads: int = 1
     seed: int = 0
 
@@ -134,6 +160,7 @@ class EngineConfig:
             model=ModelConfig(**d["model"]),
             cache=CacheConfig(**d.get("cache", {})),
             scheduler=SchedulerConfig(**d.get("scheduler", {})),
+            timeline=TimelineConfig(**d.get("timeline", {})),
             num_threads=int(d.get("num_threads", 1)),
             seed=int(d.get("seed", 0)),
         )

@@ -170,7 +170,7 @@ def test_client_disconnect_counts_as_abort(fake_server):
 
 
 def test_each_app_has_its_own_registry():
-    from paternoster.metrics import ServerMetrics
+    from paternoster.metrics.server import ServerMetrics
 
     a, b = ServerMetrics(dict), ServerMetrics(lambda: {"num_running": 3})
     a.requests.track(5).finish("stop", 2)

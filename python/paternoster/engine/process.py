@@ -12,6 +12,11 @@ Protocol (msgpack maps, see :mod:`paternoster.engine.codec`; docs/protocol.md):
 - in ``add``      ``{"request": EngineCoreRequest.to_wire()}``
 - in ``abort``    ``{"request_ids": [str]}``
 - in ``shutdown`` ``{}``
+- in ``timeline`` ``{"id": int}`` — asks for the request timeline.
+- out ``timeline`` ``{"id": int, "timeline": dict | None, "error": str | None}`` — the
+  reply: ``EngineCore.timeline_snapshot()`` (its newer steps and requests only
+  when the whole exceeds a frame; ``None`` with ``error`` set when timelines
+  are off or the engine keeps none).
 - out ``outputs`` ``{"outputs": [EngineCoreOutput.to_wire()], "iteration_tokens": [int]}``
   — one per step that produced outputs or ran a forward pass, plus the final
   outputs of aborted or rejected requests; ``iteration_tokens`` lists the
@@ -186,8 +191,30 @@ class EngineLoop:
                 self._pending.extend(o.to_wire() for o in self.engine.abort_requests(ids))
         elif kind == "shutdown":
             self._shutdown = True
+        elif kind == "timeline":
+            self._reply_timeline(msg.get("id"))
         else:
             logger.error("dropping message of unknown type %r", kind)
+
+    def _reply_timeline(self, request_id: object) -> None:
+        """Answer a ``timeline`` request with the engine's snapshot (its newer half,
+        quarter... when the whole does not fit one frame), or with an error."""
+        from paternoster.metrics.timeline import shrink_snapshot
+
+        snapshot_fn = getattr(self.engine, "timeline_snapshot", None)
+        snapshot = snapshot_fn() if snapshot_fn is not None else None
+        if snapshot is None:
+            error = "request timelines are off (start the server with --timeline-size N)"
+            self._put(message("timeline", id=request_id, timeline=None, error=error))
+            return
+        while True:
+            try:
+                self._put(message("timeline", id=request_id, timeline=snapshot, error=None))
+                return
+            except CodecError as e:  # over the frame size limit
+                if not shrink_snapshot(snapshot):
+                    self._put(message("timeline", id=request_id, timeline=None, error=str(e)))
+                    return
 
 
 def _wait_for_config(inputs: PullQueue, parent_pid: int | None) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import shutil
@@ -49,6 +50,11 @@ class EngineStartupError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine process exited or stalled; ``reason`` says which."""
+
+
+class TimelineUnavailableError(RuntimeError):
+    """The engine has no request timeline to give (timelines are off); the
+    message says how to turn them on."""
 
 
 class RequestRejectedError(ValueError):
@@ -98,6 +104,8 @@ class EngineClient:
         self._last_seen = 0.0
         self._closed = False
         self._iteration_listeners: list[Callable[[list[int]], None]] = []
+        self._timeline_waiters: dict[int, asyncio.Future] = {}
+        self._timeline_ids = itertools.count()
 
     # ----------------------------------------------------------------- life
 
@@ -282,6 +290,35 @@ class EngineClient:
         if ids and self.dead_reason is None and not self._closed:
             self._outbox.put_nowait(message("abort", request_ids=ids))
 
+    async def timeline(self, timeout: float = 30.0) -> dict:
+        """Ask the engine for its request timeline (docs/metrics.md).
+
+        Args:
+            timeout: seconds to wait for the reply (it comes between two steps).
+        Returns:
+            The snapshot (plain dicts and lists; schema in
+            :mod:`paternoster.metrics.timeline`).
+        Raises:
+            TimelineUnavailableError: timelines are off in the engine.
+            EngineDeadError: the engine is (or becomes) dead or shut down.
+            TimeoutError: no reply within ``timeout`` seconds.
+        """
+        self._check_alive()
+        tid = next(self._timeline_ids)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._timeline_waiters[tid] = future
+        try:
+            self._outbox.put_nowait(message("timeline", id=tid))
+            reply = await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+            raise TimeoutError(f"no timeline from the engine within {timeout} s") from None
+        finally:
+            self._timeline_waiters.pop(tid, None)
+        snapshot = reply.get("timeline")
+        if not isinstance(snapshot, dict):
+            raise TimelineUnavailableError(str(reply.get("error") or "no timeline"))
+        return snapshot
+
     def add_iteration_listener(self, listener: Callable[[list[int]], None]) -> None:
         """Call ``listener(tokens)`` for each ``outputs`` message: ``tokens`` holds
         the tokens each engine step since the previous message computed (for metrics)."""
@@ -305,6 +342,9 @@ class EngineClient:
             self.dead_reason = reason
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(self.dead_reason))
+        for future in self._timeline_waiters.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(self.dead_reason))
 
     def _mark_dead(self, reason: str) -> None:
         if self.dead_reason is not None or self._closed:
@@ -334,6 +374,11 @@ class EngineClient:
                 self._notify_iterations(msg.get("iteration_tokens"))
             elif kind == "heartbeat":
                 self.stats = dict(msg.get("stats") or {})
+            elif kind == "timeline":
+                tid = msg.get("id")
+                future = self._timeline_waiters.get(tid) if isinstance(tid, int) else None
+                if future is not None and not future.done():
+                    future.set_result(msg)
             elif kind == "fatal":
                 self._mark_dead(f"engine failed: {msg.get('error')}")
 

@@ -1,11 +1,10 @@
-"""Prometheus metrics of the OpenAI server (GET /metrics); docs/metrics.md lists them.
+"""Observability: Prometheus metrics of the OpenAI server (GET /metrics;
+:mod:`~paternoster.metrics.server`, :mod:`~paternoster.metrics.engine`,
+:mod:`~paternoster.metrics.requests`) and request timelines
+(:mod:`~paternoster.metrics.timeline`, exported by
+:mod:`~paternoster.metrics.chrome_trace` and :mod:`~paternoster.metrics.gantt`).
+docs/metrics.md lists them.
 
-Each :class:`ServerMetrics` owns its own ``CollectorRegistry`` (never the
-process-global one), so several apps can live in one process (tests).
+Nothing is imported here: the engine process imports the timeline recorder
+without pulling in prometheus_client.
 """
-
-from paternoster.metrics.engine import EngineMetrics
-from paternoster.metrics.requests import RequestMetrics, RequestTracker
-from paternoster.metrics.server import ServerMetrics
-
-__all__ = ["EngineMetrics", "RequestMetrics", "RequestTracker", "ServerMetrics"]

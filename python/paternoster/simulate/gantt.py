@@ -1,82 +1,102 @@
-"""Gantt-style chart of a simulation: which request ran in which step.
+"""A simulation as a request timeline, and its Gantt chart.
 
-One row per request (trace order, first at the top); a bar wherever a step
-computed some of its tokens, orange for prefill (or recompute) and blue for
-decode; a grey line from arrival to the first scheduled step (queueing) and a
-red cross where the request was preempted.
+:func:`to_timeline` turns a :class:`SimulationResult` into the snapshot format
+of the engine's request timelines (:mod:`paternoster.metrics.timeline`), so the
+simulator and a real engine share one chart
+(:func:`paternoster.metrics.gantt.plot_timeline_gantt`) and one Chrome/Perfetto
+export (:func:`paternoster.metrics.chrome_trace.to_chrome_trace`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from paternoster.metrics.timeline import TIMELINE_VERSION, append_span
 from paternoster.simulate.results import SimulationResult
 
-_COLORS = {"prefill": "tab:orange", "decode": "tab:blue"}
 
+def to_timeline(result: SimulationResult) -> dict:
+    """The simulation as a timeline snapshot (virtual time; steps 0-based).
 
-def _segments(result: SimulationResult, x: str) -> dict[tuple[int, str], list[tuple[float, float]]]:
-    """Per (request, kind), merged ``(start, width)`` bars over consecutive steps."""
-    bars: dict[tuple[int, str], list[list[float]]] = {}
-    for step in result.steps:
-        lo, hi = (step.start, step.end) if x == "time" else (step.index - 1, step.index)
-        for req, _n, kind in step.rows:
-            segs = bars.setdefault((req, kind), [])
-            if segs and abs(segs[-1][1] - lo) < 1e-12:
-                segs[-1][1] = hi
+    Args:
+        result: a finished simulation.
+    Returns:
+        A snapshot dict (schema in :mod:`paternoster.metrics.timeline`) with
+        ``clock = "virtual"``, ``origin = 0`` and the requests in trace order;
+        every request is recorded (``sample_rate`` 1) and finished with
+        ``finish_reason = "length"`` (the simulator ignores EOS).
+    """
+    metrics = result.requests
+    events: list[list[dict]] = [[] for _ in metrics]
+    computed = [0] * len(metrics)
+    outputs = [0] * len(metrics)
+    preemptions = [0] * len(metrics)
+    steps = []
+    for s in result.steps:
+        step = s.index - 1
+        for i in s.preempted:
+            events[i].append({"kind": "preempt", "time": s.start, "step": step})
+            computed[i] = 0
+            preemptions[i] += 1
+        prefill = decode = 0
+        for i, n, kind in s.rows:
+            if kind == "decode":
+                decode += n
             else:
-                segs.append([lo, hi])
-    return {k: [(a, b - a) for a, b in v] for k, v in bars.items()}
+                prefill += n
+            computed[i] += n
+            sampled = int(computed[i] == metrics[i].prompt_len + outputs[i])
+            outputs[i] += sampled
+            recompute = kind == "prefill" and preemptions[i] > 0
+            append_span(events[i], kind, s.start, s.end, step, n, sampled, recompute)
+        steps.append(
+            {
+                "step": step, "start": s.start, "end": s.end, "num_requests": len(s.rows),
+                "prefill_tokens": prefill, "decode_tokens": decode,
+                "num_preempted": len(s.preempted),
+                "rows": [[metrics[i].request_id, n, kind] for i, n, kind in s.rows],
+            }
+        )  # fmt: skip
+    requests = [
+        {
+            "request_id": m.request_id, "num_prompt_tokens": m.prompt_len,
+            "arrival": m.arrival_time, "first_scheduled": m.first_scheduled_time,
+            "finish": m.token_times[-1] if m.token_times else None,
+            "finish_reason": "length" if m.token_times else None,
+            "num_output_tokens": m.num_output_tokens, "num_preemptions": preemptions[i],
+            "num_events_dropped": 0, "events": events[i],
+        }
+        for i, m in enumerate(metrics)
+    ]  # fmt: skip
+    end = max((s.end for s in result.steps), default=0.0)
+    return {
+        "version": TIMELINE_VERSION, "clock": "virtual", "unix_offset": None, "now": end,
+        "origin": 0.0, "size": len(steps), "sample_rate": 1.0, "max_requests": len(requests),
+        "num_steps_total": len(steps), "num_steps_dropped": 0, "num_requests_evicted": 0,
+        "steps": steps, "requests": requests,
+    }  # fmt: skip
 
 
 def plot_gantt(result: SimulationResult, path: str | Path, x: str = "time") -> None:
-    """Write the chart of ``result`` as a PNG.
+    """Write the Gantt chart of ``result`` as a PNG.
 
     Args:
         result: a finished simulation.
         path: output file (``.png``).
-        x: ``"time"`` (virtual time on the x axis) or ``"step"`` (step number).
+        x: ``"time"`` (virtual time on the x axis) or ``"step"`` (step number, 0-based).
     Raises:
         ValueError: ``x`` is neither ``"time"`` nor ``"step"``.
         ImportError: matplotlib is not installed.
     """
-    if x not in ("time", "step"):
-        raise ValueError(f"x must be 'time' or 'step', got {x!r}")
-    import matplotlib
+    from paternoster.metrics.gantt import plot_timeline_gantt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(result.requests)
-    height = min(max(3.0, 0.12 * n + 1.5), 40.0)
-    fig, ax = plt.subplots(figsize=(12, height))
-    try:
-        for (req, kind), segs in sorted(_segments(result, x).items()):
-            ax.broken_barh(segs, (req - 0.4, 0.8), facecolors=_COLORS[kind], linewidth=0)
-        if x == "time":
-            for i, m in enumerate(result.requests):
-                if m.first_scheduled_time is not None and m.first_scheduled_time > m.arrival_time:
-                    ax.hlines(i, m.arrival_time, m.first_scheduled_time, colors="0.75", lw=1)
-        cross_x, cross_y = [], []
-        for step in result.steps:
-            for req in step.preempted:
-                cross_x.append(step.start if x == "time" else step.index - 1)
-                cross_y.append(req)
-        if cross_x:
-            ax.scatter(cross_x, cross_y, marker="x", color="tab:red", s=18, zorder=3)
-        ax.set_ylim(n - 0.5, -0.5)
-        ax.set_ylabel("request (trace order)")
-        per_token = ("a_prefill", "a_decode", "a_kv")
-        unit = "s" if any(result.cost_model.get(k, 0) for k in per_token) else "time units"
-        ax.set_xlabel(f"virtual time ({unit})" if x == "time" else "step")
-        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS.values()]
-        labels = list(_COLORS)
-        if cross_x:
-            handles.append(plt.Line2D([], [], marker="x", color="tab:red", lw=0))
-            labels.append("preempted")
-        ax.legend(handles, labels, loc="upper right", fontsize=8)
-        ax.set_title(f"{result.scheduler}: {n} requests, {len(result.steps)} steps")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+    per_token = ("a_prefill", "a_decode", "a_kv")
+    unit = "s" if any(result.cost_model.get(k, 0) for k in per_token) else "time units"
+    plot_timeline_gantt(
+        to_timeline(result),
+        path,
+        x=x,
+        title=f"{result.scheduler}: {len(result.requests)} requests, {len(result.steps)} steps",
+        xlabel=f"virtual time ({unit})" if x == "time" else "step",
+        ylabel="request (trace order)",
+    )
