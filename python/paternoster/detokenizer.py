@@ -90,12 +90,17 @@ class StopStringMatcher:
     Args:
         stops: stop strings (non-empty). An empty list makes :meth:`feed` a
             pass-through.
+        include_stop: keep the matched stop string at the end of the text
+            (vLLM's ``include_stop_str_in_output``).
+    Raises:
+        ValueError: an empty stop string.
     """
 
-    def __init__(self, stops: list[str]):
+    def __init__(self, stops: list[str], include_stop: bool = False):
         if any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
         self.stops = list(stops)
+        self.include_stop = include_stop
         self._max_hold = max((len(s) for s in self.stops), default=1) - 1
         self._held = ""
         self.matched: str | None = None
@@ -109,8 +114,8 @@ class StopStringMatcher:
             ``(safe_text, matched)``: the text that can be emitted now, and the
             stop string that was found (``None`` if none). When several could
             match, the one that ends first wins (then the longest). After a match the
-            stream is over: the text from the stop string on is dropped and
-            later calls return ``("", matched)``.
+            stream is over: the text from the stop string on (after it, with
+            ``include_stop``) is dropped and later calls return ``("", matched)``.
         """
         if self.matched is not None:
             return "", self.matched
@@ -129,7 +134,7 @@ class StopStringMatcher:
         if best is not None:
             self._held = ""
             self.matched = best[2]
-            return s[: best[1]], self.matched
+            return s[: best[0] if self.include_stop else best[1]], self.matched
         hold = self._partial_suffix_len(s)
         self._held = s[len(s) - hold :] if hold else ""
         return s[: len(s) - hold], None

@@ -16,6 +16,7 @@ from typing import Any
 
 from paternoster.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
+from paternoster.logprobs import Logprobs
 from paternoster.sampling_params import SamplingParams
 
 
@@ -31,6 +32,8 @@ class CompletionOutput:
         finish_reason: ``"stop"``, ``"length"`` or ``"abort"`` (``None`` while
             running).
         stop_reason: the stop string or stop token id that ended it, if any.
+        logprobs: one position per entry of ``token_ids`` when
+            ``SamplingParams.logprobs`` was set, else ``None``.
     """
 
     index: int
@@ -38,6 +41,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    logprobs: Logprobs | None = None
 
 
 @dataclass
@@ -50,6 +54,8 @@ class RequestOutput:
         prompt_token_ids: the tokenized prompt.
         outputs: ``n`` choices ordered by index.
         finished: all choices finished.
+        prompt_logprobs: prompt tokens ``1..P-1`` when
+            ``SamplingParams.prompt_logprobs`` was set (the first token has none).
     """
 
     request_id: str
@@ -57,6 +63,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    prompt_logprobs: Logprobs | None = None
 
 
 @dataclass
@@ -69,6 +76,9 @@ class ChoiceDelta:
         token_ids: new token ids.
         finish_reason: set on the choice's last delta.
         stop_reason: the stop string or token id, on the last delta.
+        logprobs: one position per entry of ``token_ids`` (when asked).
+        prompt_logprobs: prompt tokens ``1..P-1``, on the first delta with a
+            token (when asked).
     """
 
     index: int
@@ -76,6 +86,8 @@ class ChoiceDelta:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
 
 def fan_out(
@@ -126,8 +138,10 @@ class SequenceState:
         index: the choice index reported in deltas.
         tokenizer: Hugging Face tokenizer used to decode.
         prompt_token_ids: the prompt (context for the detokenizer).
-        params: the sequence's sampling params (``stop`` is used).
-        skip_special_tokens: leave special tokens out of the text.
+        params: the sequence's sampling params (``stop``,
+            ``include_stop_str_in_output``, ``skip_special_tokens``,
+            ``min_tokens`` and ``logprobs`` are used).
+        skip_special_tokens: overrides ``params.skip_special_tokens`` when given.
     """
 
     def __init__(
@@ -136,13 +150,19 @@ class SequenceState:
         tokenizer: Any,
         prompt_token_ids: list[int],
         params: SamplingParams,
-        skip_special_tokens: bool = True,
+        skip_special_tokens: bool | None = None,
     ):
         self.index = index
+        if skip_special_tokens is None:
+            skip_special_tokens = params.skip_special_tokens
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
-        self.stops = StopStringMatcher(params.stop)
+        self.stops = StopStringMatcher(params.stop, params.include_stop_str_in_output)
+        self.include_stop = params.include_stop_str_in_output
+        self.min_tokens = params.min_tokens
         self.text = ""
         self.token_ids: list[int] = []
+        self.logprobs: Logprobs | None = Logprobs() if params.logprobs is not None else None
+        self.prompt_logprobs: Logprobs | None = None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.needs_abort = False
@@ -167,14 +187,22 @@ class SequenceState:
             return ChoiceDelta(self.index, "", [])
         ids = list(out.new_token_ids)
         self.token_ids.extend(ids)
+        if self.logprobs is not None and out.logprobs is not None:
+            self.logprobs.extend(out.logprobs)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         engine_done = out.finish_reason is not None
         # An engine-side "stop" is EOS or a stop token id: it ends the sequence
-        # but is not part of its text.
-        text_ids = ids[:-1] if out.finish_reason == "stop" else ids
+        # but is not part of its text (unless include_stop_str_in_output).
+        stop_token = out.finish_reason == "stop" and not self.include_stop
+        text_ids = ids[:-1] if stop_token else ids
         text = self.detokenizer.add(text_ids) if text_ids else ""
         if engine_done:
             text += self.detokenizer.flush()
-        safe, matched = self.stops.feed(text)
+        if len(self.token_ids) <= self.min_tokens:
+            safe, matched = text, None  # stop strings count from min_tokens on (vLLM)
+        else:
+            safe, matched = self.stops.feed(text)
         if matched is not None:
             self.finish_reason, self.stop_reason = "stop", matched
             self.needs_abort = not engine_done
@@ -182,10 +210,14 @@ class SequenceState:
             safe += self.stops.flush()
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
         self.text += safe
-        return ChoiceDelta(self.index, safe, ids, self.finish_reason, self.stop_reason)
+        return ChoiceDelta(
+            self.index, safe, ids, self.finish_reason, self.stop_reason,
+            out.logprobs if self.logprobs is not None else None, out.prompt_logprobs,
+        )  # fmt: skip
 
     def to_output(self) -> CompletionOutput:
         """The choice so far as a :class:`CompletionOutput`."""
         return CompletionOutput(
-            self.index, self.text, list(self.token_ids), self.finish_reason, self.stop_reason
-        )
+            self.index, self.text, list(self.token_ids), self.finish_reason, self.stop_reason,
+            self.logprobs,
+        )  # fmt: skip

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
 MAX_N = 128  # most completions per request
+MAX_LOGPROBS = 20  # most top logprobs per token (OpenAI's and vLLM's default cap)
+MAX_LOGIT_BIAS = 100.0  # |bias| cap (OpenAI)
 _SEED_LIMIT = 2**63  # seeds (and seed + n - 1) must fit a signed 64-bit integer
 
 
@@ -37,6 +39,29 @@ class SamplingParams:
         stop_token_ids: token ids that end generation (``finish_reason="stop"``);
             the stop token itself is not part of the returned text.
         ignore_eos: keep generating past the EOS token.
+        presence_penalty: OpenAI presence penalty in ``[-2, 2]``: subtracted once
+            from the logit of every token already generated (prompt excluded).
+        frequency_penalty: OpenAI frequency penalty in ``[-2, 2]``: subtracted
+            from a token's logit once per time it was generated.
+        repetition_penalty: HF/CTRL repetition penalty ``> 0`` (``1`` disables)
+            over prompt and generated tokens: a seen token's positive logit is
+            divided by it, a negative one multiplied.
+        min_tokens: generate at least this many tokens (>= 0): EOS and
+            ``stop_token_ids`` are masked until then, and stop strings are not
+            matched in the text of the first ``min_tokens`` tokens (vLLM).
+        logit_bias: ``{token id: bias}`` added to the logits before sampling;
+            bias in ``[-100, 100]``.
+        logprobs: return the log-probability of each generated token plus this
+            many most likely alternatives (``0..MAX_LOGPROBS``); ``None``: none.
+            Values are the model's own distribution ("raw", vLLM's default):
+            before penalties, bias, temperature and top-k/top-p/min-p.
+        prompt_logprobs: likewise for every prompt token after the first
+            (``None``: none).
+        include_stop_str_in_output: keep the matched stop string (or the stop
+            token's text) in the returned text.
+        skip_special_tokens: leave special tokens out of the returned text.
+        needs_logits_processing: (derived, set by :meth:`validate`) True when
+            penalties, ``logit_bias`` or ``min_tokens`` change the logits.
     Raises:
         ValueError: from :meth:`validate`, naming the offending field.
     """
@@ -51,12 +76,24 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.logit_bias, list):  # the wire form: [[token id, bias], ...]
+            self.logit_bias = {int(t): b for t, b in self.logit_bias}
+        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         self.validate()
 
     @property
@@ -104,6 +141,40 @@ class SamplingParams:
                 raise ValueError("stop must be valid Unicode text") from None
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be a list of non-negative integers")
+        self._validate_processing()
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (not _is_int(k) or not 0 <= k <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}")
+        # A plain attribute, not a property: the engine reads it for every row every step.
+        self.needs_logits_processing = bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or self.min_tokens or self.logit_bias
+        )
+
+    def _validate_processing(self) -> None:
+        """Ranges of penalties, ``min_tokens`` and ``logit_bias``."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_number(v) or not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+        rp = self.repetition_penalty
+        if not _is_number(rp) or math.isinf(rp) or rp <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {rp!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
+        for t, b in (self.logit_bias or {}).items():
+            if not _is_int(t) or t < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {t!r}")
+            if not _is_number(b) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+                raise ValueError(
+                    f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                    f"got {b!r} for token {t}"
+                )
 
     def to_dict(self) -> dict:
         """Plain dict of the fields (msgpack-safe)."""
@@ -118,6 +189,17 @@ class SamplingParams:
             "stop": list(self.stop),
             "stop_token_ids": list(self.stop_token_ids),
             "ignore_eos": bool(self.ignore_eos),
+            "presence_penalty": float(self.presence_penalty),
+            "frequency_penalty": float(self.frequency_penalty),
+            "repetition_penalty": float(self.repetition_penalty),
+            "min_tokens": int(self.min_tokens),
+            # msgpack map keys are strings only: token ids travel as [id, bias] pairs.
+            "logit_bias": [[t, float(b)] for t, b in self.logit_bias.items()]
+            if self.logit_bias else None,
+            "logprobs": self.logprobs,
+            "prompt_logprobs": self.prompt_logprobs,
+            "include_stop_str_in_output": bool(self.include_stop_str_in_output),
+            "skip_special_tokens": bool(self.skip_special_tokens),
         }
 
     @classmethod
@@ -128,3 +210,11 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling fields: {sorted(unknown)}")
         return cls(**d)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)

@@ -70,3 +70,13 @@ def test_serve_reports_an_engine_that_fails_to_start(tmp_path, default_model_pat
     )  # fmt: skip
     assert proc.returncode == 1
     assert "engine failed to start" in proc.stderr
+
+
+def test_serve_with_a_missing_chat_template_file_exits_with_a_clear_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "paternoster.entrypoints.cli", "serve", str(tmp_path),
+         "--chat-template", str(tmp_path / "nope.jinja")],
+        env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "cannot read chat template" in proc.stderr and "nope.jinja" in proc.stderr

@@ -93,3 +93,23 @@ def test_per_prompt_params_and_errors(llm):
     with pytest.raises(ValueError, match="1024"):
         llm.generate([[28120] * 1000], SamplingParams(max_tokens=100))
     _assert_idle(llm)
+
+
+def test_logprobs_and_prompt_logprobs_in_the_offline_api(llm):
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2,
+                            prompt_logprobs=1)
+    [out] = llm.generate("The capital of France is", params)
+    [choice] = out.outputs
+    assert len(choice.logprobs) == len(choice.token_ids) == 4
+    assert [ids[0] for ids in choice.logprobs.top_token_ids] == choice.token_ids  # greedy
+    assert len(out.prompt_logprobs) == len(out.prompt_token_ids) - 1
+    assert all(len(ids) == 1 for ids in out.prompt_logprobs.top_token_ids)
+    [plain] = llm.generate("The capital of France is", GREEDY)
+    assert plain.outputs[0].logprobs is None and plain.prompt_logprobs is None
+
+
+def test_chat_continues_the_final_message(llm):
+    conv = [{"role": "user", "content": "Count to five."},
+            {"role": "assistant", "content": "1, 2, 3,"}]
+    [out] = llm.chat(conv, GREEDY, add_generation_prompt=False, continue_final_message=True)
+    assert out.prompt.endswith("1, 2, 3,")

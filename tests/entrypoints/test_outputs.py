@@ -77,3 +77,50 @@ def test_fan_out_carries_priority_to_every_choice():
     reqs = fan_out("x", [1, 2, 3], SamplingParams(n=3, seed=5), priority=7)
     assert [r.priority for _, r in reqs] == [7, 7, 7]
     assert [r.sampling_params.seed for _, r in reqs] == [5, 6, 7]
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_and_token(tokenizer):
+    ids = tokenizer(" alpha beta END gamma", add_special_tokens=False).input_ids
+    kept = SequenceState(0, tokenizer, [5], SamplingParams(stop=["END"],
+                                                           include_stop_str_in_output=True))
+    _feed(kept, ids)
+    assert kept.text == " alpha beta END" and kept.stop_reason == "END"
+    dot = tokenizer(".", add_special_tokens=False).input_ids[0]
+    words = tokenizer(" one.", add_special_tokens=False).input_ids
+    state = SequenceState(0, tokenizer, [5], SamplingParams(stop_token_ids=[dot],
+                                                            include_stop_str_in_output=True))
+    _feed(state, words, "stop")
+    assert state.text == " one."
+
+
+def test_stop_strings_are_not_matched_before_min_tokens(tokenizer):
+    ids = tokenizer(" END x END y", add_special_tokens=False).input_ids
+    first_end = ids.index(tokenizer(" END", add_special_tokens=False).input_ids[0])
+    state = SequenceState(0, tokenizer, [5], SamplingParams(stop=["END"],
+                                                            min_tokens=first_end + 1))
+    _feed(state, ids)
+    assert state.text == " END x " and state.finish_reason == "stop"
+
+
+def test_skip_special_tokens_comes_from_the_params(tokenizer):
+    ids = [tokenizer.eos_token_id] * 2
+    keep = SequenceState(0, tokenizer, [5], SamplingParams(skip_special_tokens=False))
+    _feed(keep, ids, "length")
+    assert keep.text == tokenizer.eos_token * 2
+    skip = SequenceState(0, tokenizer, [5], SamplingParams())
+    _feed(skip, ids, "length")
+    assert skip.text == ""
+
+
+def test_logprobs_accumulate_per_token_and_prompt_logprobs_once(tokenizer):
+    from paternoster.logprobs import Logprobs
+
+    state = SequenceState(0, tokenizer, [5, 6, 7], SamplingParams(logprobs=1, prompt_logprobs=0))
+    plp = Logprobs([-1.0, -2.0], [[], []], [[], []])
+    d = state.process(EngineCoreOutput("r", [9], logprobs=Logprobs([-0.5], [[9]], [[-0.5]]),
+                                       prompt_logprobs=plp))
+    assert d.prompt_logprobs == plp and d.logprobs.token_logprobs == [-0.5]
+    state.process(EngineCoreOutput("r", [10], "length", logprobs=Logprobs([-0.7], [[3]], [[-0.1]])))
+    out = state.to_output()
+    assert out.logprobs.token_logprobs == [-0.5, -0.7] and out.logprobs.top_token_ids == [[9], [3]]
+    assert state.prompt_logprobs == plp

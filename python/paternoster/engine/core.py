@@ -15,6 +15,9 @@ import torch
 from paternoster import _core
 from paternoster.config import EngineConfig
 from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
+from paternoster.logprobs import Logprobs, compute_logprobs
+from paternoster.metrics.timeline import TimelineRecorder
+from paternoster.model.logits_processors import apply_logits_processors
 from paternoster.model.runner import ModelRunner
 from paternoster.model.sampler import Sampler
 from paternoster.request import Request
@@ -93,9 +96,13 @@ class EngineCore:
             sched_config, self.kv_cache_manager, self.batch_builder, self.max_model_len
         )
         self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG_SIZE)
+        # Request timelines (docs/metrics.md); None when off (the default).
+        self.timeline = TimelineRecorder.from_config(config.timeline)
         self._num_steps = 0
         # Queue times (s) of requests scheduled but not yet reported in an output.
         self._unreported_queue_times: dict[str, float] = {}
+        # Prompt logprobs computed so far, per request, until its first token is sent.
+        self._prompt_logprobs: dict[str, Logprobs] = {}
         # Tokens each step computed, since the last pop_iteration_tokens().
         self._iteration_tokens: list[int] = []
         name = config.model.served_model_name or str(config.model.model).rstrip("/").split("/")[-1]
@@ -116,7 +123,8 @@ class EngineCore:
         """Queue a tokenized request.
 
         Raises:
-            ValueError: empty prompt, token id outside the vocabulary, ``n != 1``,
+            ValueError: empty prompt, token id (prompt or ``logit_bias``) outside
+                the vocabulary, ``n != 1``,
                 prompt (+ ``max_tokens``) longer than ``max_model_len``, or a
                 duplicate live ``request_id``.
         """
@@ -127,6 +135,8 @@ class EngineCore:
         vocab = self.runner.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if params.n != 1:
             raise ValueError("the engine takes n=1 requests; the frontend fans out n > 1")
         if len(ids) >= self.max_model_len:
@@ -149,6 +159,8 @@ class EngineCore:
             max_tokens=params.max_tokens if params.max_tokens is not None else room,
         )
         self.scheduler.add_request(req)
+        if self.timeline is not None:
+            self.timeline.on_arrival(req)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         """Abort live requests (waiting, running or preempted); unknown ids are ignored.
@@ -157,6 +169,10 @@ class EngineCore:
             A final output (``finish_reason="abort"``) for each aborted request.
         """
         aborted = self.scheduler.abort_requests(request_ids)
+        for r in aborted:
+            self._prompt_logprobs.pop(r.request_id, None)
+        if self.timeline is not None and aborted:
+            self.timeline.on_abort(aborted, time.monotonic())
         outputs = [
             EngineCoreOutput(
                 request_id=r.request_id,
@@ -183,26 +199,88 @@ class EngineCore:
         t0 = time.monotonic()
         plan = self.scheduler.schedule()
         if plan.is_empty:
+            if self.timeline is not None and plan.preempted:
+                self.timeline.on_preempted(plan.preempted, self._num_steps, t0)
             return []
         self._note_first_scheduling(plan, t0)
-        batch, rows = self._build_batch(plan)
+        batch, rows, prompt_chunks = self._build_batch(plan)
         t1 = time.monotonic()
-        sampled: dict[int, int] = {}
-        if len(rows):
-            logits = self.runner.execute_model(batch)
-            reqs = [plan.scheduled[i] for i in rows]
-            tokens = self.sampler.sample(
-                logits, [r.sampling_params for r in reqs], [r.generator for r in reqs]
-            )
-            sampled = dict(zip(rows.tolist(), tokens.tolist()))
-        else:
-            self.runner.execute_model(batch)
+        logits = self.runner.execute_model(batch)
+        sampled, logprobs = self._sample(plan, rows, logits[: len(rows)])
+        if prompt_chunks:
+            self._score_prompts(prompt_chunks, logits[len(rows) :])
         t2 = time.monotonic()
         outputs = self.scheduler.update_from_output(plan, sampled)
         t3 = time.monotonic()
+        if self.timeline is not None:
+            self.timeline.on_step(self._num_steps, plan, rows, t0, t3, outputs)
         self._record(plan, t0, t3, (t1 - t0) + (t3 - t2))
         self._attach_queue_times(outputs)
+        self._attach_logprobs(outputs, logprobs)
         return outputs
+
+    @torch.inference_mode()  # the logits are inference tensors, processed in place
+    def _sample(
+        self, plan: SchedulerOutput, rows: np.ndarray, logits: torch.Tensor
+    ) -> tuple[dict[int, int], dict[str, Logprobs]]:
+        """Logits processors, then one token per row; raw logprobs where asked.
+
+        Args:
+            plan: this step's plan.
+            rows: indices into ``plan.scheduled`` of the requests that sample.
+            logits: float32 [len(rows), V]; modified in place by the processors.
+        Returns:
+            ``({row: token id}, {request id: one-position Logprobs})``. Logprobs
+            are of the model's distribution before penalties, bias and
+            temperature (vLLM's default ``raw_logprobs``).
+        """
+        if not len(rows):
+            return {}, {}
+        reqs = [plan.scheduled[i] for i in rows]
+        params = [r.sampling_params for r in reqs]
+        want = [j for j, p in enumerate(params) if p.logprobs is not None]
+        raw = logits[want].log_softmax(dim=-1) if want else None  # before processing
+        apply_logits_processors(logits, reqs)
+        tokens = self.sampler.sample(logits, params, [r.generator for r in reqs])
+        sampled = dict(zip(rows.tolist(), tokens.tolist()))
+        if not want:
+            return sampled, {}
+        lp = compute_logprobs(raw, tokens[want], [params[j].logprobs for j in want])
+        return sampled, {reqs[j].request_id: lp.position(k) for k, j in enumerate(want)}
+
+    def _score_prompts(
+        self, chunks: list[tuple[Request, int, int]], logits: torch.Tensor
+    ) -> None:
+        """Prompt logprobs of this step's prefill chunks, kept until the first token.
+
+        Args:
+            chunks: ``(request, first position, count)``: the logits at prompt
+                positions ``first .. first + count - 1`` score prompt tokens
+                ``first + 1 .. first + count``.
+            logits: float32 [sum of counts, V], the chunks' rows in order.
+        """
+        offset = 0
+        for request, first, count in chunks:
+            rows = logits[offset : offset + count].log_softmax(dim=-1)
+            offset += count
+            targets = torch.tensor(
+                request.prompt_token_ids[first + 1 : first + 1 + count], device=rows.device
+            )
+            k = request.sampling_params.prompt_logprobs
+            lp = compute_logprobs(rows, targets, [k] * count)
+            self._prompt_logprobs.setdefault(request.request_id, Logprobs()).extend(lp)
+
+    def _attach_logprobs(
+        self, outputs: list[EngineCoreOutput], logprobs: dict[str, Logprobs]
+    ) -> None:
+        """Put this step's token logprobs, and the prompt logprobs of requests
+        that got their first token, on their outputs."""
+        if not logprobs and not self._prompt_logprobs:
+            return
+        for o in outputs:
+            o.logprobs = logprobs.get(o.request_id)
+            if self._prompt_logprobs and o.new_token_ids:
+                o.prompt_logprobs = self._prompt_logprobs.pop(o.request_id, None)
 
     def _note_first_scheduling(self, plan: SchedulerOutput, now: float) -> None:
         """Stamp requests scheduled for the first time; remember their queue time."""
@@ -225,14 +303,37 @@ class EngineCore:
         tokens, self._iteration_tokens = self._iteration_tokens, []
         return tokens
 
-    def _build_batch(self, plan: SchedulerOutput) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Flat batch arrays plus the rows whose prefill completes (they sample)."""
+    def _build_batch(
+        self, plan: SchedulerOutput
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, list[tuple[Request, int, int]]]:
+        """Flat batch arrays, the rows whose prefill completes (they sample), and
+        the prompt chunks whose logprobs were asked for.
+
+        ``logits_indices`` holds the sampling rows' last tokens first, then the
+        positions of each prompt chunk (``(request, first position, count)``).
+        """
         ids, computed, scheduled = plan.batch_arrays()
         batch = self.batch_builder.build(ids, computed, scheduled)
         num_tokens = np.fromiter((r.num_tokens for r in plan.scheduled), np.int64, len(ids))
         rows = np.nonzero(computed.astype(np.int64) + scheduled == num_tokens)[0]
         batch["logits_indices"] = batch["logits_indices"][rows]
-        return batch, rows
+        chunks: list[tuple[Request, int, int]] = []
+        starts: list[np.ndarray] = []
+        qsl = batch["query_start_loc"]
+        for i, r in enumerate(plan.scheduled):
+            if r.sampling_params.prompt_logprobs is None or r.output_token_ids:
+                continue  # none asked, or sent already (a preempted request recomputes)
+            done = len(self._prompt_logprobs.get(r.request_id) or ())
+            first = max(int(computed[i]), done)
+            # The logit at position p scores prompt token p + 1; the last prompt
+            # position's logit is the first sample.
+            end = min(int(computed[i]) + int(scheduled[i]), r.num_prompt_tokens - 1)
+            if end > first:
+                chunks.append((r, first, end - first))
+                starts.append(np.arange(end - first) + int(qsl[i]) + first - int(computed[i]))
+        if chunks:
+            batch["logits_indices"] = np.concatenate([batch["logits_indices"], *starts])
+        return batch, rows, chunks
 
     def _record(self, plan: SchedulerOutput, start: float, end: float, overhead: float) -> None:
         self.step_log.append(
@@ -270,6 +371,11 @@ class EngineCore:
             "num_preemptions_total": self.scheduler.num_preemptions_total,
             "num_steps": self._num_steps,
         }
+
+    def timeline_snapshot(self) -> dict | None:
+        """The request timeline recorded so far, as plain dicts and lists (schema in
+        :mod:`paternoster.metrics.timeline`), or ``None`` when timelines are off."""
+        return None if self.timeline is None else self.timeline.snapshot()
 
     def shutdown(self) -> None:
         """Abort everything still live (frees all KV blocks)."""

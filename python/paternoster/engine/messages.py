@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, fields
 
+from paternoster.logprobs import Logprobs
 from paternoster.sampling_params import SamplingParams
 
 
@@ -72,6 +73,12 @@ class EngineCoreOutput:
         queue_time: seconds from the request's arrival at the engine to the
             step that first scheduled it; set on the request's first output
             after that step only, ``None`` elsewhere (and omitted on the wire).
+        logprobs: log-probabilities of ``new_token_ids`` (one position per
+            token) when the request asked for ``logprobs``; else ``None``
+            (omitted on the wire).
+        prompt_logprobs: log-probabilities of prompt tokens ``1..P-1`` when the
+            request asked for ``prompt_logprobs``; on its first output with a
+            token only, else ``None`` (omitted on the wire).
     """
 
     request_id: str
@@ -81,6 +88,8 @@ class EngineCoreOutput:
     error: str | None = None
     num_prompt_tokens: int = 0
     queue_time: float | None = None
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
     @property
     def finished(self) -> bool:
@@ -97,6 +106,10 @@ class EngineCoreOutput:
         }
         if self.queue_time is not None:
             wire["queue_time"] = self.queue_time
+        if self.logprobs is not None:
+            wire["logprobs"] = self.logprobs.to_wire()
+        if self.prompt_logprobs is not None:
+            wire["prompt_logprobs"] = self.prompt_logprobs.to_wire()
         return wire
 
     @classmethod
@@ -105,8 +118,14 @@ class EngineCoreOutput:
 
         Raises:
             TypeError: a required key is missing.
+            ValueError: malformed ``logprobs`` or ``prompt_logprobs``.
         """
-        return cls(**{k: v for k, v in d.items() if k in _OUTPUT_FIELDS})
+        out = cls(**{k: v for k, v in d.items() if k in _OUTPUT_FIELDS})
+        if out.logprobs is not None:
+            out.logprobs = Logprobs.from_wire(out.logprobs)
+        if out.prompt_logprobs is not None:
+            out.prompt_logprobs = Logprobs.from_wire(out.prompt_logprobs)
+        return out
 
 
 _OUTPUT_FIELDS = frozenset(f.name for f in fields(EngineCoreOutput))

@@ -1,5 +1,6 @@
-"""The ``paternoster`` command: ``paternoster serve [MODEL_DIR] [flags]`` and
-``paternoster simulate [flags]`` (the model-free scheduler simulator).
+"""The ``paternoster`` command: ``paternoster serve [MODEL_DIR] [flags]``,
+``paternoster simulate [flags]`` (the model-free scheduler simulator),
+``paternoster trace`` (request timelines) and ``paternoster bench serve|capacity``.
 
 Starts the engine process, then the OpenAI-compatible HTTP server. Without
 MODEL_DIR it serves the embedded default model (SmolLM2-135M-Instruct).
@@ -48,11 +49,27 @@ def make_parser() -> argparse.ArgumentParser:
         "--engine-stall-timeout", type=float, default=30.0,
         help="seconds without a heartbeat before the engine is declared dead",
     )  # fmt: skip
+    g.add_argument(
+        "--chat-template", default=None, metavar="FILE",
+        help="Jinja chat template file replacing the model's own (or supplying a missing one)",
+    )  # fmt: skip
     g.add_argument("--engine-cls", default=None, help=argparse.SUPPRESS)  # tests: a fake engine
     from paternoster.simulate.cli import add_simulate_args
 
     add_simulate_args(
         sub.add_parser("simulate", help="run scheduler policies on a trace with a cost model")
+    )
+    from paternoster.metrics.trace_cli import add_trace_args
+
+    add_trace_args(
+        sub.add_parser(
+            "trace", help="export request timelines as Chrome/Perfetto trace JSON and a Gantt PNG"
+        )
+    )
+    from paternoster.bench.cli import add_bench_args
+
+    add_bench_args(
+        sub.add_parser("bench", help="serving benchmark and capacity finder (any OpenAI endpoint)")
     )
     return parser
 
@@ -75,6 +92,15 @@ async def serve(args: argparse.Namespace) -> int:
     if not os.path.isdir(model_dir):
         logger.error("cannot load model %s: not a directory", model_dir)
         return 1
+    chat_template = None
+    if args.chat_template is not None:
+        from paternoster.entrypoints.chat_utils import load_chat_template
+
+        try:
+            chat_template = load_chat_template(args.chat_template)
+        except ValueError as e:
+            logger.error("%s", e)
+            return 1
     try:
         config = build_engine_config(model_dir, **{k: getattr(args, k) for k in ENGINE_ARG_NAMES})
     except ValueError as e:
@@ -105,7 +131,7 @@ async def serve(args: argparse.Namespace) -> int:
         return 1
     try:
         name = args.served_model_name or info["model"]
-        app = build_app(client, tokenizer, name)
+        app = build_app(client, tokenizer, name, chat_template=chat_template)
         logger.info(
             "model %s from %s: max_model_len=%d, %d KV blocks of %d tokens",
             name, info.get("model_dir"), app.state.serving.max_model_len,
@@ -144,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
         from paternoster.simulate.cli import run
 
         return run(args)
+    if args.command == "trace":
+        from paternoster.metrics.trace_cli import run as run_trace
+
+        return run_trace(args)
+    if args.command == "bench":
+        from paternoster.bench.cli import run as run_bench
+
+        return run_bench(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s [%(name)s] %(message)s",

@@ -14,6 +14,7 @@ from paternoster.config import (
     EngineConfig,
     ModelConfig,
     SchedulerConfig,
+    TimelineConfig,
 )
 from paternoster.scheduling.registry import load_scheduler_class
 
@@ -70,6 +71,9 @@ def build_engine_config(
     gpu_memory_utilization: float = 0.9,
     cuda_graphs: bool = False,
     load_format: str = "safetensors",
+    timeline_size: int = 0,
+    timeline_sample_rate: float = 1.0,
+    timeline_max_requests: int | None = None,
 ) -> EngineConfig:
     """Build an :class:`EngineConfig` from the flat option names of the CLI.
 
@@ -93,6 +97,9 @@ def build_engine_config(
             activations and KV cache (sizes the KV cache unless ``num_kv_blocks``).
         cuda_graphs: CUDA: replay captured graphs for decode batches.
         load_format: ``safetensors`` or ``dummy`` (random weights, benchmarks).
+        timeline_size: engine steps the request timeline keeps (0 = off).
+        timeline_sample_rate: fraction of requests the timeline records.
+        timeline_max_requests: requests the timeline keeps (default: ``timeline_size``).
     Returns:
         The validated config.
     Raises:
@@ -127,6 +134,11 @@ def build_engine_config(
         scheduler=SchedulerConfig(**sched),
         num_threads=num_threads,
         seed=seed,
+        timeline=TimelineConfig(
+            size=timeline_size,
+            sample_rate=timeline_sample_rate,
+            max_requests=timeline_max_requests,
+        ),
     )
 
 
@@ -134,7 +146,8 @@ ENGINE_ARG_NAMES = (
     "served_model_name", "dtype", "max_model_len", "block_size", "num_kv_blocks",
     "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "scheduler",
     "scheduler_config", "num_threads", "seed", "device", "gpu_memory_utilization",
-    "cuda_graphs", "load_format",
+    "cuda_graphs", "load_format", "timeline_size", "timeline_sample_rate",
+    "timeline_max_requests",
 )  # fmt: skip
 
 
@@ -201,4 +214,18 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--load-format", choices=LOAD_FORMATS, default="safetensors",
         help="dummy = random weights of the config's shapes (benchmarks)",
+    )  # fmt: skip
+    t = parser.add_argument_group("request timelines (GET /debug/timeline, paternoster trace)")
+    t.add_argument(
+        "--timeline-size", type=int, default=0, metavar="STEPS",
+        help="engine steps the request timeline keeps in its ring buffer (0 = off, the default)",
+    )  # fmt: skip
+    t.add_argument(
+        "--timeline-sample-rate", type=float, default=1.0, metavar="F",
+        help="fraction of requests the timeline records, chosen by a hash of the id (1.0)",
+    )  # fmt: skip
+    t.add_argument(
+        "--timeline-max-requests", type=int, default=None, metavar="N",
+        help="requests the timeline keeps at once; the oldest finished go first "
+             "(default: --timeline-size)",
     )  # fmt: skip

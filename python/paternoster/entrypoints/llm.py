@@ -26,7 +26,8 @@ class LLM:
             ``kv_cache_memory``, ``max_num_seqs``, ``max_num_batched_tokens``,
             ``scheduler``, ``num_threads``, ``seed``, ``served_model_name``,
             ``device``, ``gpu_memory_utilization``, ``cuda_graphs``,
-            ``load_format``).
+            ``load_format``, ``timeline_size``, ``timeline_sample_rate``,
+            ``timeline_max_requests``).
     Attributes:
         engine: the :class:`~paternoster.engine.core.EngineCore` (``step_log``,
             ``stats()``).
@@ -84,6 +85,9 @@ class LLM:
         messages: list[dict] | Sequence[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or several, via the model's chat template.
 
@@ -92,22 +96,82 @@ class LLM:
                 maps) or a list of conversations.
             sampling_params: as in :meth:`generate`.
             use_tqdm: show a progress bar.
+            chat_template: a Jinja template replacing the model's own.
+            add_generation_prompt: end with the assistant turn's header.
+            continue_final_message: continue the last (assistant) message
+                instead (needs ``add_generation_prompt=False``).
         Returns:
             One :class:`RequestOutput` per conversation (``prompt`` is the
             templated text).
         Raises:
-            ValueError: as in :meth:`generate`.
+            ValueError: as in :meth:`generate`; ``ChatTemplateError`` (a
+                ``ValueError``) when there is no template or it fails.
         """
+        from paternoster.entrypoints.chat_utils import render_chat
+
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts, token_prompts = [], []
         for conv in convs:
-            text = self.tokenizer.apply_chat_template(
-                list(conv), tokenize=False, add_generation_prompt=True
-            )
-            texts.append(text)
             # The template holds any BOS already: no special tokens added twice.
-            token_prompts.append(self.tokenizer(text, add_special_tokens=False).input_ids)
+            text, ids = render_chat(
+                self.tokenizer, list(conv), chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )  # fmt: skip
+            texts.append(text)
+            token_prompts.append(ids)
         return self._run(token_prompts, texts, sampling_params, use_tqdm)
+
+    def timeline(self) -> dict:
+        """The engine's request timeline (needs ``LLM(..., timeline_size=N)``).
+
+        Returns:
+            The snapshot: plain dicts and lists, times in ``time.monotonic()``
+            seconds (schema in :mod:`paternoster.metrics.timeline`).
+        Raises:
+            RuntimeError: timelines are off (``timeline_size`` is 0, the default).
+        """
+        snapshot = self.engine.timeline_snapshot()
+        if snapshot is None:
+            raise RuntimeError("request timelines are off: create LLM(..., timeline_size=N)")
+        return snapshot
+
+    def save_timeline(
+        self,
+        trace_path: str | None = None,
+        gantt_path: str | None = None,
+        snapshot_path: str | None = None,
+        gantt_x: str = "time",
+    ) -> dict:
+        """Write the request timeline as a Chrome/Perfetto trace, a Gantt PNG and/or
+        the raw snapshot (JSON; ``paternoster trace --input`` converts it later).
+
+        Args:
+            trace_path: Chrome trace JSON to write (open in https://ui.perfetto.dev).
+            gantt_path: Gantt chart PNG to write.
+            snapshot_path: raw snapshot JSON to write.
+            gantt_x: ``"time"`` or ``"step"`` on the Gantt x axis.
+        Returns:
+            The snapshot written.
+        Raises:
+            RuntimeError: timelines are off.
+            ValueError: bad ``gantt_x``.
+            OSError: a file cannot be written.
+        """
+        import json
+        from pathlib import Path
+
+        from paternoster.metrics.chrome_trace import write_chrome_trace
+        from paternoster.metrics.gantt import plot_timeline_gantt
+
+        snapshot = self.timeline()
+        if trace_path is not None:
+            write_chrome_trace(snapshot, trace_path)
+        if gantt_path is not None:
+            plot_timeline_gantt(snapshot, gantt_path, x=gantt_x)
+        if snapshot_path is not None:
+            Path(snapshot_path).write_text(json.dumps(snapshot) + "\n")
+        return snapshot
 
     # -------------------------------------------------------------- internals
 
@@ -171,8 +235,10 @@ class LLM:
             if live:
                 self.engine.abort_requests(live)
         for p, out in enumerate(results):
-            out.outputs = sorted(
-                (s.to_output() for q, s in states.values() if q == p), key=lambda c: c.index
+            mine = [s for q, s in states.values() if q == p]
+            out.outputs = sorted((s.to_output() for s in mine), key=lambda c: c.index)
+            out.prompt_logprobs = next(
+                (s.prompt_logprobs for s in mine if s.prompt_logprobs is not None), None
             )
             out.finished = True
         return results

@@ -18,13 +18,20 @@ class _Request(BaseModel):
 
 
 class StreamOptions(_Request):
-    """``stream_options``: ``include_usage`` adds a final chunk with usage."""
+    """``stream_options``: ``include_usage`` adds a final chunk with usage;
+    ``continuous_usage_stats`` (vLLM, with ``include_usage``) also puts the
+    usage so far in every chunk."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _SamplingFields(_Request):
-    """Sampling fields shared by both endpoints (``None`` = default)."""
+    """Sampling fields shared by both endpoints (``None`` = default).
+
+    Semantics follow vLLM where OpenAI is silent; ranges are checked by
+    :class:`~paternoster.sampling_params.SamplingParams` (400 naming the field).
+    """
 
     model: str | None = None
     max_tokens: int | None = None
@@ -33,14 +40,26 @@ class _SamplingFields(_Request):
     top_k: int | None = None
     min_p: float | None = None
     n: int = 1
+    best_of: int | None = Field(None, description="only 1 (or n = 1) is supported")
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    presence_penalty: float | None = Field(None, description="[-2, 2], over generated tokens")
+    frequency_penalty: float | None = Field(None, description="[-2, 2], over generated tokens")
+    repetition_penalty: float | None = Field(
+        None, description="> 0 (1 = off), over prompt and generated tokens (HF semantics)"
+    )
+    min_tokens: int = Field(0, description="EOS and stop_token_ids are masked until reached")
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id (as a string) -> bias in [-100, 100]"
+    )
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = Field(None, description="accepted and ignored")
 
 
 class CompletionRequest(_SamplingFields):
@@ -48,9 +67,14 @@ class CompletionRequest(_SamplingFields):
 
     ``prompt`` is a string, a list of strings, a list of token ids, or a list
     of token-id lists; several prompts give ``len(prompts) * n`` choices.
+    ``logprobs`` (0..20) returns each token's log-probability and that many
+    alternatives; ``echo`` prepends the prompt (with its logprobs when
+    ``logprobs`` is set; the first prompt token has none).
     """
 
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
 
 
 class TextPart(_Request):
@@ -68,12 +92,30 @@ class ChatMessage(_Request):
     name: str | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class _ChatTemplateFields(_Request):
+    """How ``messages`` become a prompt (shared by chat completions and /tokenize)."""
+
+    add_generation_prompt: bool = Field(
+        True, description="end the prompt with the assistant turn's header"
+    )
+    continue_final_message: bool = Field(
+        False, description="leave the last (assistant) message open, to be continued"
+    )
+    add_special_tokens: bool = Field(
+        False, description="let the tokenizer add BOS etc. (never a second BOS)"
+    )
+    chat_template: str | None = Field(None, description="a Jinja template overriding the model's")
+
+
+class ChatCompletionRequest(_ChatTemplateFields, _SamplingFields):
     """POST /v1/chat/completions body. ``max_completion_tokens`` wins over
-    ``max_tokens``."""
+    ``max_tokens``; ``logprobs: true`` with ``top_logprobs`` (0..20)
+    alternatives returns ``choices[].logprobs.content``."""
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
 
 class UsageInfo(BaseModel):
@@ -84,12 +126,24 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
 
 
+class CompletionLogprobs(BaseModel):
+    """Legacy completions ``logprobs``: per token its text, log-probability,
+    the top alternatives (``{token text: logprob}``, the token itself
+    included) and its character offset in the choice's text. The first prompt
+    token of an ``echo`` has ``None`` for both."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     """One choice of a completion or completion chunk."""
 
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -116,6 +170,26 @@ class CompletionStreamResponse(BaseModel):
     usage: UsageInfo | None = None
 
 
+class TopLogprob(BaseModel):
+    """An alternative token at a position of a chat ``logprobs.content`` entry."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    """One generated token of a chat choice with its top alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    """Chat ``choices[].logprobs``."""
+
+    content: list[ChatTokenLogprob] | None = None
+
+
 class AssistantMessage(BaseModel):
     """The generated message of a chat choice."""
 
@@ -128,7 +202,7 @@ class ChatChoice(BaseModel):
 
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -159,7 +233,7 @@ class ChatChunkChoice(BaseModel):
 
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -172,6 +246,51 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
+
+
+class TokenizeCompletionRequest(_Request):
+    """POST /tokenize with a ``prompt`` (vLLM's shape)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_ChatTemplateFields):
+    """POST /tokenize with chat ``messages``, rendered by the chat template."""
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    """POST /tokenize response: the token ids, their count and the context length."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Request):
+    """POST /detokenize body."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    """POST /detokenize response."""
+
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    """GET /version response."""
+
+    version: str
 
 
 class ModelCard(BaseModel):

@@ -1,10 +1,15 @@
-"""Request handling behind /v1/completions and /v1/chat/completions.
+"""Request handling behind /v1/completions, /v1/chat/completions, /tokenize
+and /detokenize.
 
 Turns an OpenAI request into token ids and :class:`SamplingParams`, fans it
 out into engine requests (``n`` per prompt), runs them through the
 :class:`EngineClient`, and formats either one response or an SSE stream.
 Everything that can be checked before the engine sees a request is checked
 here and reported as HTTP 400 with the parameter at fault.
+
+Stream and non-stream responses are built from the same per-choice state, so
+they agree on text, logprobs, usage and finish_reason: concatenating a
+stream's chunks gives the non-stream response.
 """
 
 from __future__ import annotations
@@ -17,17 +22,25 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from paternoster.entrypoints.chat_utils import ChatTemplateError, render_chat
 from paternoster.entrypoints.engine_client import (
     EngineClient,
     EngineDeadError,
     RequestRejectedError,
 )
 from paternoster.entrypoints.openai.errors import APIError, bad_request, error_body
+from paternoster.entrypoints.openai.logprobs import (
+    CompletionLogprobsBuilder,
+    TokenTexts,
+    chat_logprobs,
+    merge_completion_logprobs,
+)
 from paternoster.entrypoints.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -35,21 +48,27 @@ from paternoster.entrypoints.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatMessage,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     CompletionStreamResponse,
     DeltaMessage,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
     UsageInfo,
 )
-from paternoster.metrics import RequestMetrics
+from paternoster.metrics.requests import RequestMetrics
 from paternoster.outputs import ChoiceDelta, SequenceState, fan_out
-from paternoster.sampling_params import SamplingParams
+from paternoster.sampling_params import MAX_LOGPROBS, SamplingParams
 
 logger = logging.getLogger("paternoster.server")
 
 _DONE = object()
-_PARAM_RE = re.compile(r"^(\w+) must")
+_PARAM_RE = re.compile(r"^(\w+)(?: keys| values)? must")
 
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI, vLLM)
@@ -102,6 +121,7 @@ class Generation:
         self.client = client
         self.metrics = metrics
         self.prompts = prompts
+        self.n = params.n
         self.jobs = []
         for p, ids in enumerate(prompts):
             first = p * params.n
@@ -112,6 +132,10 @@ class Generation:
     def states(self) -> list[SequenceState]:
         """Per-choice states, ordered by choice index."""
         return [s for _, s in self.jobs]
+
+    def prompt_index(self, choice_index: int) -> int:
+        """The prompt a choice belongs to (choices ``p * n .. p * n + n - 1``)."""
+        return choice_index // self.n
 
     def usage(self) -> UsageInfo:
         """Exact token counts: each prompt once, every generated token delivered."""
@@ -167,6 +191,17 @@ class Generation:
                 t.cancel()
 
 
+@dataclass
+class _Setup:
+    """One HTTP request's generation and its response settings."""
+
+    gen: Generation
+    request_id: str
+    created: int
+    include_usage: bool
+    continuous_usage: bool
+
+
 class OpenAIServing:
     """The OpenAI endpoints' logic over one engine.
 
@@ -175,6 +210,8 @@ class OpenAIServing:
         tokenizer: the model's Hugging Face tokenizer.
         served_model_name: the only accepted ``model`` value.
         metrics: request metrics to record into (``None``: none).
+        chat_template: a Jinja chat template replacing the tokenizer's own
+            (``--chat-template``); a request's ``chat_template`` wins over both.
     """
 
     def __init__(
@@ -183,11 +220,14 @@ class OpenAIServing:
         tokenizer: Any,
         served_model_name: str,
         metrics: RequestMetrics | None = None,
+        chat_template: str | None = None,
     ):
         self.client = client
         self.metrics = metrics
         self.tokenizer = tokenizer
         self.model_name = served_model_name
+        self.chat_template = chat_template
+        self.texts = TokenTexts(tokenizer)
         info = client.info
         self.vocab_size = int(info.get("vocab_size") or len(tokenizer))
         # A sequence must fit in the model's context and in the whole KV cache.
@@ -207,26 +247,47 @@ class OpenAIServing:
             APIError: 400 bad input, 404 unknown model, 503 engine dead.
         """
         self._check_model(body.model)
-        prompts = self._completion_prompts(body.prompt)
+        prompts, texts = self._completion_prompts(body.prompt)
         max_tokens = body.max_tokens
         room = self.max_model_len - max(map(len, prompts))
         if max_tokens is None and room >= 1:  # else the prompt alone is too long: say so
             max_tokens = min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
-        gen, request_id, created, include_usage = self._start(body, prompts, max_tokens, "cmpl")
+        logprobs = body.logprobs
+        prompt_logprobs = logprobs if body.echo else None
+        setup = self._start(body, prompts, max_tokens, "cmpl", logprobs, prompt_logprobs)
+        echo = None
+        if body.echo:
+            echo = [self._echo_text(ids, text) for ids, text in zip(prompts, texts)]
         if body.stream:
-            return _sse(self._completion_stream(gen, request_id, created, include_usage))
+            return _sse(self._completion_stream(setup, echo, logprobs is not None))
+        gen = setup.gen
         await _run_until_disconnect(raw, _consume(gen))
-        choices = [
-            CompletionChoice(index=s.index, text=s.text, finish_reason=s.finish_reason)
-            for s in gen.states
-        ]
+        choices = [self._completion_choice(gen, s, echo, logprobs is not None) for s in gen.states]
         return CompletionResponse(
-            id=request_id, created=created, model=self.model_name, choices=choices,
+            id=setup.request_id, created=setup.created, model=self.model_name, choices=choices,
             usage=gen.usage(),
         )  # fmt: skip
 
+    def _completion_choice(
+        self, gen: Generation, s: SequenceState, echo: list[str] | None, want_logprobs: bool
+    ) -> CompletionChoice:
+        """A finished choice of a non-streamed completion (echoed prompt first)."""
+        p = gen.prompt_index(s.index)
+        lp = None
+        if want_logprobs:
+            b = CompletionLogprobsBuilder(self.texts)
+            if echo is None:
+                lp = b.generated(s.token_ids, s.logprobs)
+            else:  # the prompt first: text offsets run on
+                head = b.prompt(gen.prompts[p], s.prompt_logprobs)
+                lp = merge_completion_logprobs(head, b.generated(s.token_ids, s.logprobs))
+        text = s.text if echo is None else echo[p] + s.text
+        return CompletionChoice(
+            index=s.index, text=text, logprobs=lp, finish_reason=s.finish_reason
+        )
+
     async def create_chat_completion(self, body: ChatCompletionRequest, raw: Request):
-        """Handle POST /v1/chat/completions (the model's chat template, with
+        """Handle POST /v1/chat/completions (the chat template, by default with
         the generation prompt).
 
         Returns:
@@ -235,64 +296,113 @@ class OpenAIServing:
             APIError: 400 bad input, 404 unknown model, 503 engine dead.
         """
         self._check_model(body.model)
-        prompts = [self._chat_prompt(body)]
+        _, ids = self._render_chat(body, body.messages)
         max_tokens = body.max_tokens
         if body.max_completion_tokens is not None:
             max_tokens = body.max_completion_tokens
-        gen, request_id, created, include_usage = self._start(
-            body, prompts, max_tokens, "chatcmpl"
-        )
+        top = body.top_logprobs
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}",
+                              "top_logprobs")
+        if top and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
+        logprobs = (top or 0) if body.logprobs else None
+        setup = self._start(body, [ids], max_tokens, "chatcmpl", logprobs)
         if body.stream:
-            return _sse(self._chat_stream(gen, request_id, created, include_usage))
+            return _sse(self._chat_stream(setup, body.logprobs))
+        gen = setup.gen
         await _run_until_disconnect(raw, _consume(gen))
         choices = [
             ChatChoice(
                 index=s.index,
                 message=AssistantMessage(content=s.text),
+                logprobs=chat_logprobs(self.texts, s.token_ids, s.logprobs)
+                if body.logprobs else None,
                 finish_reason=s.finish_reason,
             )
             for s in gen.states
         ]
         return ChatCompletionResponse(
-            id=request_id, created=created, model=self.model_name, choices=choices,
+            id=setup.request_id, created=setup.created, model=self.model_name, choices=choices,
             usage=gen.usage(),
         )  # fmt: skip
 
+    def tokenize(self, body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
+        """Handle POST /tokenize (vLLM's shape): a prompt, or chat messages
+        through the chat template.
+
+        Raises:
+            APIError: 400 bad input or no chat template, 404 unknown model.
+        """
+        self._check_model_name(body.model)
+        if isinstance(body, TokenizeChatRequest):
+            _, ids = self._render_chat(body, body.messages)
+        else:
+            _check_text(body.prompt, "prompt")
+            ids = list(self.tokenizer(
+                body.prompt, add_special_tokens=body.add_special_tokens
+            ).input_ids)  # fmt: skip
+        strs = self.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return TokenizeResponse(
+            count=len(ids), max_model_len=self.max_model_len, tokens=ids, token_strs=strs
+        )
+
+    def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        """Handle POST /detokenize: token ids back to text (special tokens kept).
+
+        Raises:
+            APIError: 400 for a token id outside the vocabulary, 404 unknown model.
+        """
+        self._check_model_name(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise bad_request(
+                f"token id {bad[0]} is out of range [0, {self.vocab_size})", "tokens"
+            )
+        return DetokenizeResponse(prompt=self.tokenizer.decode(body.tokens))
+
     # --------------------------------------------------------------- inputs
 
-    def _check_model(self, model: str | None) -> None:
+    def _check_model_name(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
+
+    def _check_model(self, model: str | None) -> None:
+        self._check_model_name(model)
         if not self.client.is_alive:
             raise APIError(503, f"engine is not running: {self.client.dead_reason}")
 
     def _start(
-        self, body: Any, prompts: list[list[int]], max_tokens: int | None, prefix: str
-    ) -> tuple[Generation, str, int, bool]:
+        self, body: Any, prompts: list[list[int]], max_tokens: int | None, prefix: str,
+        logprobs: int | None = None, prompt_logprobs: int | None = None,
+    ) -> _Setup:
         """Validate sampling, then set up the generation of one HTTP request.
 
-        Returns:
-            ``(generation, request_id, created unix seconds, include_usage)``.
         Raises:
             APIError: 400 for bad sampling parameters.
         """
-        params = self._sampling_params(body, max_tokens, prompts)
+        params = self._sampling_params(body, max_tokens, prompts, logprobs, prompt_logprobs)
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         gen = Generation(
             self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
             body.priority, self.metrics,
         )  # fmt: skip
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return gen, request_id, int(time.time()), include_usage
+        opts = body.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        return _Setup(
+            gen, request_id, int(time.time()), include_usage,
+            include_usage and bool(opts.continuous_usage_stats),
+        )  # fmt: skip
 
-    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
+    def _completion_prompts(self, prompt: Any) -> tuple[list[list[int]], list[str | None]]:
+        """Token ids of each prompt, and its text when it was given as text."""
         if isinstance(prompt, str):
             prompt = [prompt]
         if not prompt:
             raise bad_request("prompt must not be empty", "prompt")
         if all(isinstance(t, int) for t in prompt):
             prompt = [prompt]
-        out = []
+        out, texts = [], []
         for p in prompt:
             if isinstance(p, str):
                 _check_text(p, "prompt")
@@ -305,13 +415,20 @@ class OpenAIServing:
                     f"prompt token id {bad[0]} is out of range [0, {self.vocab_size})", "prompt"
                 )
             out.append(ids)
-        return out
+            texts.append(p if isinstance(p, str) else None)
+        return out, texts
 
-    def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
-        if not body.messages:
+    def _echo_text(self, ids: list[int], text: str | None) -> str:
+        """The prompt as echoed: its text, or its tokens decoded (special tokens kept)."""
+        return text if text is not None else self.tokenizer.decode(ids)
+
+    def _render_chat(self, body: Any, messages: list[ChatMessage]) -> tuple[str, list[int]]:
+        """Messages through the chat template (the request's, the server's or
+        the model's). Raises APIError 400 naming the field at fault."""
+        if not messages:
             raise bad_request("messages must not be empty", "messages")
-        messages = []
-        for m in body.messages:
+        converted = []
+        for m in messages:
             content = m.content
             if isinstance(content, list):
                 if any(p.type != "text" for p in content):
@@ -319,20 +436,51 @@ class OpenAIServing:
                 content = "".join(p.text or "" for p in content)
             _check_text(m.role, "messages")
             _check_text(content or "", "messages")
-            messages.append({"role": m.role, "content": content or ""})
+            converted.append({"role": m.role, "content": content or ""})
+        if body.chat_template is not None:
+            _check_text(body.chat_template, "chat_template")
         try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as e:  # a template may raise on roles it does not know
-            raise bad_request(f"cannot apply the chat template: {e}", "messages") from e
-        # The template already holds any BOS; don't add special tokens twice.
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+            return render_chat(
+                self.tokenizer, converted,
+                chat_template=body.chat_template or self.chat_template,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                add_special_tokens=body.add_special_tokens,
+            )  # fmt: skip
+        except ChatTemplateError as e:
+            raise bad_request(str(e), e.param) from e
+
+    def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float] | None:
+        """JSON ``logit_bias`` (string keys) to ``{token id: bias}``, ids checked."""
+        if not bias:
+            return None
+        out = {}
+        for key, value in bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise bad_request(
+                    f"logit_bias keys must be token ids, got {key!r}", "logit_bias"
+                ) from None
+            if not 0 <= token < self.vocab_size:
+                raise bad_request(
+                    f"logit_bias token id {token} is out of range [0, {self.vocab_size})",
+                    "logit_bias",
+                )
+            out[token] = value
+        return out
 
     def _sampling_params(
-        self, body: Any, max_tokens: int | None, prompts: list[list[int]]
+        self, body: Any, max_tokens: int | None, prompts: list[list[int]],
+        logprobs: int | None = None, prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         longest = max(len(p) for p in prompts)
+        if body.best_of is not None and body.best_of != body.n:
+            raise bad_request(
+                f"best_of must equal n ({body.n}): sampling best_of candidates and returning "
+                "the n most likely is not supported; use n",
+                "best_of",
+            )
         stop = body.stop
         try:
             params = SamplingParams(
@@ -346,6 +494,17 @@ class OpenAIServing:
                 stop=[stop] if isinstance(stop, str) else list(stop or []),
                 stop_token_ids=list(body.stop_token_ids or []),
                 ignore_eos=body.ignore_eos,
+                presence_penalty=body.presence_penalty or 0.0,
+                frequency_penalty=body.frequency_penalty or 0.0,
+                repetition_penalty=(
+                    1.0 if body.repetition_penalty is None else body.repetition_penalty
+                ),
+                min_tokens=body.min_tokens,
+                logit_bias=self._logit_bias(body.logit_bias),
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                include_stop_str_in_output=body.include_stop_str_in_output,
+                skip_special_tokens=body.skip_special_tokens,
             )
         except ValueError as e:
             m = _PARAM_RE.match(str(e))
@@ -361,6 +520,12 @@ class OpenAIServing:
                     "Please reduce the length of the prompt.",
                     "prompt",
                 )
+            if params.min_tokens > limit - longest:
+                raise bad_request(
+                    f"min_tokens ({params.min_tokens}) does not fit in the context after the "
+                    f"prompt ({longest} of {limit} tokens)",
+                    "min_tokens",
+                )
             # fan_out gives each prompt the rest of the context.
         elif longest + params.max_tokens > limit:
             raise bad_request(
@@ -374,64 +539,85 @@ class OpenAIServing:
 
     # -------------------------------------------------------------- streams
 
-    def _chunk_encoder(
-        self, model_cls: type, request_id: str, created: int, include_usage: bool
-    ) -> Callable[..., str]:
+    def _chunk_encoder(self, model_cls: type, setup: _Setup) -> Callable[..., str]:
         """A function ``(choices, usage=None) -> SSE event`` for one stream of
-        ``model_cls`` chunks (``usage`` is left out unless ``include_usage``)."""
+        ``model_cls`` chunks. ``usage`` is left out unless ``include_usage``;
+        with ``continuous_usage_stats`` every chunk carries the usage so far."""
 
         def chunk(choices: list, usage: UsageInfo | None = None) -> str:
+            if usage is None and setup.continuous_usage:
+                usage = setup.gen.usage()
             c = model_cls(
-                id=request_id, created=created, model=self.model_name, choices=choices, usage=usage
-            )
+                id=setup.request_id, created=setup.created, model=self.model_name,
+                choices=choices, usage=usage,
+            )  # fmt: skip
             data = c.model_dump()
-            if not include_usage:
+            if not setup.include_usage:
                 data.pop("usage")
             return _event(json.dumps(data, ensure_ascii=False))
 
         return chunk
 
     async def _completion_stream(
-        self, gen: Generation, request_id: str, created: int, include_usage: bool
+        self, setup: _Setup, echo: list[str] | None, want_logprobs: bool
     ) -> AsyncIterator[str]:
-        chunk = self._chunk_encoder(CompletionStreamResponse, request_id, created, include_usage)
+        gen = setup.gen
+        chunk = self._chunk_encoder(CompletionStreamResponse, setup)
+        builders = {s.index: CompletionLogprobsBuilder(self.texts) for s in gen.states}
+        started: set[int] = set()
         async with contextlib.aclosing(gen.deltas()) as deltas:
             try:
                 async for d in deltas:
-                    if d.text or d.finish_reason:
+                    first = d.index not in started
+                    started.add(d.index)
+                    p = gen.prompt_index(d.index)
+                    text = echo[p] + d.text if first and echo is not None else d.text
+                    lp = None
+                    if want_logprobs:
+                        b = builders[d.index]
+                        if first and echo is not None:
+                            lp = merge_completion_logprobs(
+                                b.prompt(gen.prompts[p], d.prompt_logprobs),
+                                b.generated(d.token_ids, d.logprobs),
+                            )
+                        else:
+                            lp = b.generated(d.token_ids, d.logprobs)
+                    if text or d.finish_reason or (lp is not None and lp.tokens):
                         choice = CompletionChoice(
-                            index=d.index, text=d.text, finish_reason=d.finish_reason
+                            index=d.index, text=text, logprobs=lp, finish_reason=d.finish_reason
                         )
                         yield chunk([choice])
             except (EngineDeadError, RequestRejectedError) as e:
                 yield _error_event(e)
                 yield _event("[DONE]")
                 return
-        if include_usage:
+        if setup.include_usage:
             yield chunk([], gen.usage())
         yield _event("[DONE]")
 
-    async def _chat_stream(
-        self, gen: Generation, request_id: str, created: int, include_usage: bool
-    ) -> AsyncIterator[str]:
-        chunk = self._chunk_encoder(ChatCompletionChunk, request_id, created, include_usage)
+    async def _chat_stream(self, setup: _Setup, want_logprobs: bool) -> AsyncIterator[str]:
+        gen = setup.gen
+        chunk = self._chunk_encoder(ChatCompletionChunk, setup)
         for s in gen.states:
             role = DeltaMessage(role="assistant", content="")
             yield chunk([ChatChunkChoice(index=s.index, delta=role)])
         async with contextlib.aclosing(gen.deltas()) as deltas:
             try:
                 async for d in deltas:
-                    if d.text or d.finish_reason:
+                    lp = None
+                    if want_logprobs and d.token_ids:
+                        lp = chat_logprobs(self.texts, d.token_ids, d.logprobs)
+                    if d.text or d.finish_reason or lp is not None:
                         delta = DeltaMessage(content=d.text) if d.text else DeltaMessage()
                         choice = ChatChunkChoice(
-                            index=d.index, delta=delta, finish_reason=d.finish_reason
+                            index=d.index, delta=delta, logprobs=lp, finish_reason=d.finish_reason
                         )
                         yield chunk([choice])
             except (EngineDeadError, RequestRejectedError) as e:
                 yield _error_event(e)
                 yield _event("[DONE]")
                 return
-        if include_usage:
+        if setup.include_usage:
             yield chunk([], gen.usage())
         yield _event("[DONE]")
 
