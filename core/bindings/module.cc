@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -115,6 +116,31 @@ void append_tokens(BatchBuilder& bb, const py::handle& req_ids_obj, const py::ha
   }
 }
 
+// KVCacheManager.cache_computed_blocks: one call per step for every request,
+// reading each request's tokens from the BatchBuilder.
+void cache_computed_blocks(KVCacheManager& kv, const BatchBuilder& bb,
+                           const py::handle& req_ids_obj, const py::handle& computed_obj) {
+  auto req_ids = as_1d<int64_t>(req_ids_obj, "req_ids");
+  auto computed = as_1d<int64_t>(computed_obj, "num_computed_tokens");
+  const py::ssize_t n = req_ids.shape(0);
+  if (computed.shape(0) != n) {
+    throw std::invalid_argument("req_ids and num_computed_tokens must have the same length");
+  }
+  for (py::ssize_t i = 0; i < n; ++i) {
+    const int64_t id = req_ids.data()[i];
+    if (!kv.has_blocks_to_cache(id, computed.data()[i])) continue;  // the common decode step
+    const auto* tokens = bb.find_tokens(id);
+    if (!tokens) throw std::invalid_argument("unknown request id " + std::to_string(id));
+    const int64_t c = computed.data()[i];
+    if (c > static_cast<int64_t>(tokens->size())) {
+      throw std::invalid_argument("num_computed_tokens (" + std::to_string(c) + ") of request " +
+                                  std::to_string(id) + " exceeds its " +
+                                  std::to_string(tokens->size()) + " tokens");
+    }
+    kv.cache_blocks(id, tokens->data(), c);
+  }
+}
+
 template <typename T>
 T* ptr(uintptr_t p) {
   return reinterpret_cast<T*>(p);
@@ -133,8 +159,9 @@ PYBIND11_MODULE(_core, m) {
       .value("float32", DType::kFloat32)
       .value("bfloat16", DType::kBFloat16);
 
-  py::class_<BlockPool>(m, "BlockPool", "Fixed pool of reference-counted KV blocks.")
-      .def(py::init<int64_t>(), py::arg("num_blocks"))
+  py::class_<BlockPool>(m, "BlockPool",
+                        "Fixed pool of reference-counted KV blocks, with an optional prefix cache.")
+      .def(py::init<int64_t, bool>(), py::arg("num_blocks"), py::arg("enable_caching") = false)
       .def("allocate", &BlockPool::allocate, py::arg("n"),
            "Take n free blocks (ref count 1), all or nothing; OutOfBlocksError if too few.")
       .def("can_allocate", &BlockPool::can_allocate, py::arg("n"))
@@ -142,19 +169,67 @@ PYBIND11_MODULE(_core, m) {
            py::arg("block_ids"), "Drop one reference per listed block.")
       .def("incr_ref", [](BlockPool& p, const py::handle& ids) { p.incr_ref(block_ids(ids)); },
            py::arg("block_ids"), "Add one reference per listed (in-use) block.")
+      .def("touch", [](BlockPool& p, const py::handle& ids) { p.touch(block_ids(ids)); },
+           py::arg("block_ids"), "Add one reference per listed block, reviving free ones.")
+      .def("cache_block", &BlockPool::cache_block, py::arg("block_id"), py::arg("block_hash"))
+      .def("cached_block", &BlockPool::cached_block, py::arg("block_hash"))
+      .def("reset_cache", &BlockPool::reset_cache)
+      .def("block_hash", &BlockPool::block_hash, py::arg("block_id"))
+      .def("generation", &BlockPool::generation, py::arg("block_id"))
+      .def("num_cached_blocks", &BlockPool::num_cached_blocks)
+      .def("num_evictions", &BlockPool::num_evictions)
+      .def("enable_caching", &BlockPool::enable_caching)
+      .def("free_block_ids", &BlockPool::free_block_ids)
       .def("ref_count", &BlockPool::ref_count, py::arg("block_id"))
       .def("num_blocks", &BlockPool::num_blocks)
       .def("num_free_blocks", &BlockPool::num_free_blocks)
       .def("usage", &BlockPool::usage);
 
-  py::class_<KVCacheManager>(m, "KVCacheManager", "Per-request block tables over a BlockPool.")
-      .def(py::init<int64_t, int64_t>(), py::arg("num_blocks"), py::arg("block_size"))
+  py::class_<KVCacheManager>(m, "KVCacheManager",
+                             "Per-request block tables over a BlockPool, with optional "
+                             "automatic prefix caching.")
+      .def(py::init<int64_t, int64_t, bool>(), py::arg("num_blocks"), py::arg("block_size"),
+           py::arg("enable_caching") = false)
       .def("num_required_blocks", &KVCacheManager::num_required_blocks, py::arg("req_id"),
            py::arg("num_tokens"))
       .def("can_allocate", &KVCacheManager::can_allocate, py::arg("req_id"), py::arg("num_tokens"))
       .def("allocate_slots", &KVCacheManager::allocate_slots, py::arg("req_id"),
            py::arg("num_tokens"))
       .def("free", &KVCacheManager::free, py::arg("req_id"))
+      .def(
+          "get_computed_blocks",
+          [](KVCacheManager& kv, int64_t req_id, const py::handle& tokens,
+             const std::optional<std::string>& cache_salt) {
+            auto a = as_1d<int64_t>(tokens, "token_ids");
+            return kv.get_computed_blocks(req_id, a.data(), a.shape(0), cache_salt.value_or(""));
+          },
+          py::arg("req_id"), py::arg("token_ids"), py::arg("cache_salt") = py::none())
+      .def(
+          "cache_blocks",
+          [](KVCacheManager& kv, int64_t req_id, const py::handle& tokens,
+             std::optional<int64_t> num_tokens) {
+            auto a = as_1d<int64_t>(tokens, "token_ids");
+            const int64_t n = num_tokens.value_or(a.shape(0));
+            if (n > a.shape(0)) {
+              throw std::invalid_argument("num_tokens (" + std::to_string(n) +
+                                          ") exceeds len(token_ids) (" +
+                                          std::to_string(a.shape(0)) + ")");
+            }
+            kv.cache_blocks(req_id, a.data(), n);
+          },
+          py::arg("req_id"), py::arg("token_ids"), py::arg("num_tokens") = py::none())
+      .def("cache_computed_blocks", &cache_computed_blocks, py::arg("batch_builder"),
+           py::arg("req_ids"), py::arg("num_computed_tokens"))
+      .def("reset_prefix_cache", &KVCacheManager::reset_prefix_cache)
+      .def("enable_caching", &KVCacheManager::enable_caching)
+      .def("prefix_cache_queries", &KVCacheManager::prefix_cache_queries)
+      .def("prefix_cache_hits", &KVCacheManager::prefix_cache_hits)
+      .def("num_cached_blocks", &KVCacheManager::num_cached_blocks)
+      .def("_set_hash_mask_for_testing", &KVCacheManager::set_hash_mask_for_testing,
+           py::arg("mask"))
+      .def_property_readonly(
+          "pool", [](const KVCacheManager& kv) { return &kv.pool(); },
+          py::return_value_policy::reference_internal)
       .def(
           "block_table",
           [](const KVCacheManager& kv, int64_t req_id) { return to_numpy(kv.block_table(req_id)); },

@@ -3,7 +3,9 @@
 paged-attention kernels and the fused elementwise ops of the decoder block
 (RMSNorm, SwiGLU gating, RoPE).
 
-Block tables and the KV layout follow PagedAttention (Kwon et al., SOSP'23).
+Block tables and the KV layout follow PagedAttention (Kwon et al., SOSP'23);
+automatic prefix caching follows vLLM's (chained block hashes, an LRU of freed
+cached blocks; SGLang's RadixAttention is the radix-tree take on the same idea).
 Request ids are caller-chosen int64. Errors: ``ValueError`` for bad arguments
 (unknown request, double free, out-of-range id, bad shapes); ``OutOfBlocksError``
 when ``BlockPool.allocate`` asks for more blocks than are free. None of the
@@ -37,12 +39,24 @@ class BlockPool:
     Free blocks form an intrusive doubly linked list (O(1) take and return);
     blocks are taken from the front and returned to the back, so the free list
     is in least-recently-freed order. Block ids are in ``[0, num_blocks)``.
+
+    With ``enable_caching`` a block may carry a 64-bit block hash and be found
+    by it (:meth:`cached_block`). A cached block whose ref count drops to 0
+    keeps its hash and contents and stays in the free list as an eviction
+    candidate: :meth:`touch` revives it, :meth:`allocate` evicts it (drops the
+    hash) when it reaches the front. Freed cached blocks go to the back and
+    uncached ones to the front, so uncached blocks are reused first and cached
+    ones are evicted least recently used first. The cache methods raise
+    ``RuntimeError`` when caching is off.
     """
 
-    def __init__(self, num_blocks: int) -> None:
-        """Args: num_blocks: number of blocks (>= 0). Raises ValueError if negative."""
+    def __init__(self, num_blocks: int, enable_caching: bool = False) -> None:
+        """Args: num_blocks: number of blocks (>= 0); enable_caching: keep block
+        hashes (prefix caching). Raises ValueError if ``num_blocks`` is negative."""
     def allocate(self, n: int) -> list[int]:
-        """Take ``n`` free blocks, each with ref count 1, all or nothing.
+        """Take ``n`` free blocks from the front of the free list, each with ref
+        count 1, all or nothing; cached ones taken are evicted (hash dropped,
+        generation bumped).
 
         Raises:
             ValueError: ``n < 0``.
@@ -61,6 +75,32 @@ class BlockPool:
     def incr_ref(self, block_ids: IntArray) -> None:
         """Add one reference per listed block (sharing). Raises ValueError if an id
         is out of range or a block is free (then nothing changes)."""
+    def touch(self, block_ids: IntArray) -> None:
+        """Add one reference per listed block, taking free ones out of the free
+        list (a cache hit; the hash is kept). Raises ValueError if an id is out
+        of range (then nothing changes)."""
+    def cache_block(self, block_id: int, block_hash: int) -> bool:
+        """Register in-use block ``block_id`` under ``block_hash`` (uint64).
+        Returns False, changing nothing, if another block holds that hash.
+        Raises ValueError if the block is out of range, free or already cached;
+        RuntimeError with caching off."""
+    def cached_block(self, block_hash: int) -> int | None:
+        """The block registered under ``block_hash`` (in use or free), if any."""
+    def reset_cache(self) -> int:
+        """Drop every block's hash; cached free blocks move to the front of the
+        free list. Returns the number of blocks uncached."""
+    def block_hash(self, block_id: int) -> int | None:
+        """The block's hash, or None if uncached (always None with caching off)."""
+    def generation(self, block_id: int) -> int:
+        """How many times :meth:`allocate` handed the block out; with the id it
+        names one content of the block."""
+    def num_cached_blocks(self) -> int:
+        """Blocks with a hash (free or in use)."""
+    def num_evictions(self) -> int:
+        """Cached blocks evicted by :meth:`allocate` so far."""
+    def enable_caching(self) -> bool: ...
+    def free_block_ids(self) -> list[int]:
+        """Free blocks in the order :meth:`allocate` takes them (O(free); for tests)."""
     def ref_count(self, block_id: int) -> int:
         """References held on a block (0 = free). Raises ValueError if out of range."""
     def num_blocks(self) -> int:
@@ -71,16 +111,32 @@ class BlockPool:
         """Fraction of blocks in use, in [0, 1] (0 for an empty pool)."""
 
 class KVCacheManager:
-    """Per-request block tables over a :class:`BlockPool`.
+    """Per-request block tables over a :class:`BlockPool`, with optional
+    automatic prefix caching.
 
     Token at position ``p`` of request ``r`` lives in block
     ``block_table(r)[p // block_size]``, slot ``p % block_size``. Tables only grow
     until the request is freed.
+
+    Prefix caching (``enable_caching=True``): each full block of a request gets
+    a hash chained from its parent block's hash and its token ids (the first
+    block's parent is a hash of the request's ``cache_salt``): FNV-1a 64 over a
+    fixed little-endian encoding plus the splitmix64 finalizer, the same in
+    every process and run. For N cached blocks the odds that two share a hash
+    are about N**2 / 2**65, and a shared hash never returns wrong KV: a hit must
+    also hold the same token ids, follow the same parent block (id and
+    generation) and, for a first block, have the same salt; otherwise it is a
+    miss. A new request calls :meth:`get_computed_blocks` (the longest cached
+    prefix, in whole blocks, becomes the start of its table); once KV for
+    tokens is written, :meth:`cache_blocks` / :meth:`cache_computed_blocks`
+    registers the newly full blocks. Freed cached blocks stay reusable until
+    evicted (LRU; a request's tail blocks first).
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        """Args: num_blocks (>= 0) blocks of block_size (>= 1) tokens each.
-        Raises ValueError otherwise."""
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
+        """Args: num_blocks (>= 0) blocks of block_size (>= 1) tokens each;
+        enable_caching: automatic prefix caching (off: exactly the behaviour
+        without it). Raises ValueError for bad sizes."""
     def num_required_blocks(self, req_id: int, num_tokens: int) -> int:
         """Blocks to add so the request has KV slots for its first ``num_tokens``
         tokens: ``max(0, ceil(num_tokens / block_size) - len(table))`` (an unknown
@@ -92,7 +148,76 @@ class KVCacheManager:
         nothing: returns False (changing nothing) when too few blocks are free.
         Creates the table if the request is new."""
     def free(self, req_id: int) -> None:
-        """Return all the request's blocks to the pool and forget it (no-op if unknown)."""
+        """Return all the request's blocks to the pool and forget it (no-op if
+        unknown). With caching on, the last block is released first, so the
+        request's tail is evicted before its prefix."""
+    def get_computed_blocks(
+        self, req_id: int, token_ids: IntArray, cache_salt: str | None = None
+    ) -> int:
+        """Look up the longest cached prefix of ``token_ids`` for a request with
+        no table yet, in whole blocks, leaving at least the last token to compute.
+
+        The hit blocks get one more reference each (they cannot be evicted) and
+        become the request's block table; call :meth:`free` if the request is
+        not admitted after all. Counts ``len(token_ids)`` queried tokens and the
+        hit tokens.
+
+        Args:
+            req_id: the request.
+            token_ids: all its tokens so far (prompt, plus outputs after a
+                preemption), 1-D integers.
+            cache_salt: requests share cached blocks only with requests of the
+                same salt (None: no salt).
+        Returns:
+            Tokens whose KV is cached (a multiple of ``block_size``; 0 with
+            caching off).
+        Raises:
+            ValueError: the request already has a table, or bad ``token_ids``.
+        """
+    def cache_blocks(self, req_id: int, token_ids: IntArray, num_tokens: int | None = None) -> None:
+        """Register the request's full blocks among its first ``num_tokens``
+        tokens (default ``len(token_ids)``), whose KV must already be written.
+
+        Incremental (blocks registered before are skipped). A block whose
+        content another block already caches stays uncached; after a hash
+        collision or an evicted parent the request caches nothing more. No-op
+        with caching off.
+
+        Raises:
+            ValueError: unknown request, ``num_tokens`` negative or above
+                ``len(token_ids)``, or fewer blocks allocated than
+                ``num_tokens // block_size``.
+        """
+    def cache_computed_blocks(
+        self, batch_builder: BatchBuilder, req_ids: IntArray, num_computed_tokens: IntArray
+    ) -> None:
+        """:meth:`cache_blocks` for many requests in one call, reading each
+        request's token ids from ``batch_builder``: request ``req_ids[i]`` has
+        KV written for its first ``num_computed_tokens[i]`` tokens. Requests
+        with no newly full block cost one hash lookup each (and are not
+        checked further).
+
+        Raises:
+            ValueError: arrays of different lengths, or (for a request with a
+                new full block) a request unknown to the builder or to this
+                manager, or more computed tokens than it holds.
+        """
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (running requests keep their blocks but
+        cache nothing more). Returns the blocks uncached (0 with caching off).
+        Counters are kept."""
+    def enable_caching(self) -> bool: ...
+    def prefix_cache_queries(self) -> int:
+        """Tokens passed to :meth:`get_computed_blocks` so far."""
+    def prefix_cache_hits(self) -> int:
+        """Of those, tokens found cached."""
+    def num_cached_blocks(self) -> int:
+        """Blocks registered in the prefix cache (in use or free)."""
+    def _set_hash_mask_for_testing(self, mask: int) -> None:
+        """Test hook: and every block hash with ``mask`` (0: all collide)."""
+    @property
+    def pool(self) -> BlockPool:
+        """The underlying pool (read it; changing it breaks the manager)."""
     def block_table(self, req_id: int) -> np.ndarray:
         """A copy of the request's block table, int32 ``[num_blocks_of_request]``.
         Raises ValueError if the request is unknown."""

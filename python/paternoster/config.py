@@ -68,12 +68,17 @@ class CacheConfig:
             engine may use for weights, activations and KV cache together; the
             KV cache gets what the weights and a profiling forward of the
             largest step leave (measured with ``torch.cuda.mem_get_info``).
+        enable_prefix_caching: automatic prefix caching (after vLLM's): full
+            blocks are kept, found by a hash of their whole prefix, and reused
+            by later requests with the same prefix (``--no-prefix-caching``
+            turns it off).
     """
 
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory: int = 1 << 30
     gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 256:

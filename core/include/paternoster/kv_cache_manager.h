@@ -1,24 +1,45 @@
 // KVCacheManager: per-request block tables over a BlockPool (PagedAttention,
-// Kwon et al., SOSP'23).
+// Kwon et al., SOSP'23), with optional automatic prefix caching (after vLLM's
+// automatic prefix caching; SGLang's RadixAttention is the radix-tree
+// alternative).
 //
 // A request's block table lists the KV blocks holding its tokens in order:
 // token at position p lives in block table[p / block_size], slot
 // p % block_size. Tables only grow (allocate_slots) until the request is freed.
 // Request ids are int64 chosen by the caller. Not thread safe.
+//
+// Prefix caching (enable_caching): once a full block's KV is computed the
+// owner calls cache_blocks() and the block is registered under its chained
+// hash (block_hash.h). A new request calls get_computed_blocks() first: the
+// longest cached prefix, in whole blocks, becomes the start of its table
+// (shared, ref-counted), and the request computes only the rest. Freed cached
+// blocks stay reusable until the pool evicts them (LRU; see block_pool.h).
+//
+// Hits are exact: the hash only finds a candidate block; the candidate must
+// also hold the same token ids, follow the same parent block (by id and
+// generation, so a parent that was evicted and reused no longer matches) and,
+// for a first block, carry the same cache salt. A collision is a miss.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "paternoster/block_hash.h"
 #include "paternoster/block_pool.h"
 
 namespace paternoster {
 
 class KVCacheManager {
  public:
-  // num_blocks >= 0 and block_size >= 1, else std::invalid_argument.
-  KVCacheManager(int64_t num_blocks, int64_t block_size);
+  // num_blocks >= 0 and block_size >= 1, else std::invalid_argument. With
+  // enable_caching = false the manager behaves as before prefix caching:
+  // get_computed_blocks() finds nothing, cache_blocks() does nothing, and
+  // free() returns blocks in table order.
+  KVCacheManager(int64_t num_blocks, int64_t block_size, bool enable_caching = false);
 
   // Blocks to add so that request `req_id` has KV slots for its first
   // `num_tokens` tokens: max(0, ceil(num_tokens / block_size) - table size).
@@ -33,8 +54,67 @@ class KVCacheManager {
   bool allocate_slots(int64_t req_id, int64_t num_tokens);
 
   // Returns all the request's blocks to the pool and forgets it; no-op for an
-  // unknown request.
+  // unknown request. With caching on the blocks are released last block
+  // first, so among one request's cached blocks the tail is evicted first.
   void free(int64_t req_id);
+
+  // ---- prefix caching
+
+  // Looks up the longest cached prefix of tokens[0 .. n) in whole blocks,
+  // leaving at least the last token uncomputed (at most (n - 1) / block_size
+  // blocks), for a request that has no table yet. The hit blocks get one more
+  // reference each (so they cannot be evicted) and become the request's table;
+  // the request's salt and hashes are kept for cache_blocks(). Counts n
+  // queried tokens and the hit tokens. Returns the number of computed tokens
+  // (hit blocks * block_size); 0 and no change with caching off.
+  // std::invalid_argument: n < 0, or the request already has a table.
+  int64_t get_computed_blocks(int64_t req_id, const int64_t* tokens, int64_t n,
+                              std::string_view cache_salt = {});
+  int64_t get_computed_blocks(int64_t req_id, const std::vector<int64_t>& tokens,
+                              std::string_view cache_salt = {}) {
+    return get_computed_blocks(req_id, tokens.data(), static_cast<int64_t>(tokens.size()),
+                               cache_salt);
+  }
+
+  // Registers the request's full blocks among its first `num_tokens` tokens
+  // (tokens[0 .. num_tokens), whose KV must already be written) in the prefix
+  // cache. Incremental: blocks handled by an earlier call (or hit by
+  // get_computed_blocks) are skipped, so the cost is per new full block. A
+  // block whose content is already cached under another block id stays
+  // uncached (the request keeps its own copy); the first block that cannot be
+  // linked (a hash collision, or a parent evicted meanwhile) ends caching for
+  // this request. A request never passed to get_computed_blocks uses no salt.
+  // A block holding a token id outside int32 is not cached (nor anything
+  // after it). No-op with caching off. std::invalid_argument: unknown request,
+  // num_tokens < 0, or its table covers fewer than num_tokens / block_size
+  // blocks.
+  void cache_blocks(int64_t req_id, const int64_t* tokens, int64_t num_tokens);
+  void cache_blocks(int64_t req_id, const std::vector<int64_t>& tokens) {
+    cache_blocks(req_id, tokens.data(), static_cast<int64_t>(tokens.size()));
+  }
+  // Whether cache_blocks(req_id, ..., num_tokens) has any block to consider
+  // (false when caching is off, the request stopped caching, or no block
+  // became full since the last call): one hash lookup, for per-step loops.
+  bool has_blocks_to_cache(int64_t req_id, int64_t num_tokens) const;
+
+  // Forgets every cached block (in use or free; running requests keep their
+  // blocks but cache nothing more). Returns the number of blocks uncached (0
+  // with caching off). The counters are not reset.
+  int64_t reset_prefix_cache();
+
+  bool enable_caching() const { return pool_.enable_caching(); }
+  // Tokens passed to get_computed_blocks, and how many of them hit (tokens).
+  int64_t prefix_cache_queries() const { return queries_; }
+  int64_t prefix_cache_hits() const { return hits_; }
+  int64_t num_cached_blocks() const { return pool_.num_cached_blocks(); }
+
+  // Test hook: every block hash is and-ed with `mask` (0 makes all blocks
+  // collide) to exercise the collision checks. Default: all ones.
+  void set_hash_mask_for_testing(uint64_t mask) { hash_mask_ = mask; }
+  // Test hook: compute block hashes with `fn` instead of hash_block_tokens
+  // (nullptr restores it), e.g. a hash that ignores the parent.
+  using HashFn = BlockHash (*)(BlockHash parent, const int64_t* tokens, int64_t n);
+  void set_hash_fn_for_testing(HashFn fn) { hash_fn_ = fn; }
 
   // The request's block table (a copy); std::invalid_argument if unknown.
   std::vector<int32_t> block_table(int64_t req_id) const;
@@ -53,11 +133,43 @@ class KVCacheManager {
   const BlockPool& pool() const { return pool_; }
 
  private:
+  // A block in the chain being walked: its id and generation.
+  struct BlockRef {
+    int32_t id = -1;  // -1: the chain's root (no parent)
+    uint64_t gen = 0;
+  };
+  // Per-request caching state.
+  struct RequestCache {
+    std::string salt;
+    std::vector<BlockHash> hashes;  // hashes[i]: chained hash of block i
+    int64_t num_linked = 0;         // blocks 0 .. num_linked-1 are in the cache
+    BlockRef last;                  // the cached block holding block num_linked-1
+    bool stopped = false;           // a block could not be linked: cache no more
+  };
+
   int64_t blocks_for(int64_t num_tokens) const;
+  BlockHash block_hash_at(RequestCache& st, int64_t i, const int64_t* tokens);
+  // The cached block holding `hash` whose content is exactly (parent, tokens,
+  // salt), if any.
+  std::optional<int32_t> match(BlockHash hash, BlockRef parent, const int64_t* tokens,
+                               std::string_view salt) const;
+  void record(int32_t id, BlockRef parent, const int64_t* tokens, std::string_view salt);
 
   BlockPool pool_;
   int64_t block_size_;
   std::unordered_map<int64_t, std::vector<int32_t>> tables_;
+
+  // Prefix cache (sized only with caching on): per block, its parent and, for
+  // a first block, the salt; its tokens at [id * block_size, +block_size), as
+  // int32 (4 bytes x block_size per block: 64 MiB for 1M blocks of 16).
+  std::unordered_map<int64_t, RequestCache> req_cache_;
+  std::vector<BlockRef> parent_;
+  std::vector<std::string> root_salt_;
+  std::vector<int32_t> block_tokens_;
+  uint64_t hash_mask_ = ~uint64_t{0};
+  HashFn hash_fn_ = nullptr;
+  int64_t queries_ = 0;
+  int64_t hits_ = 0;
 };
 
 }  // namespace paternoster

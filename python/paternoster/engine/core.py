@@ -73,7 +73,9 @@ class EngineCore:
         self.sampler = Sampler()
         self.max_model_len = self.runner.max_model_len
         self.kv_cache_manager = _core.KVCacheManager(
-            self.runner.num_kv_blocks, self.runner.block_size
+            self.runner.num_kv_blocks,
+            self.runner.block_size,
+            enable_caching=config.cache.enable_prefix_caching,
         )
         self.batch_builder = _core.BatchBuilder(self.kv_cache_manager)
         scheduler_cls = load_scheduler_class(config.scheduler.scheduler)
@@ -359,7 +361,9 @@ class EngineCore:
         Returns:
             ``num_running``, ``num_waiting`` (requests), ``kv_cache_usage``
             (fraction of blocks in use), ``num_free_blocks``, ``num_kv_blocks``
-            (blocks), ``num_preemptions_total``, ``num_steps``.
+            (blocks), ``num_preemptions_total``, ``num_steps``,
+            ``prefix_cache_queries`` and ``prefix_cache_hits`` (tokens looked
+            up in the prefix cache on admission, and how many were cached).
         """
         kv = self.kv_cache_manager
         return {
@@ -370,7 +374,16 @@ class EngineCore:
             "num_kv_blocks": kv.num_blocks(),
             "num_preemptions_total": self.scheduler.num_preemptions_total,
             "num_steps": self._num_steps,
+            "prefix_cache_queries": kv.prefix_cache_queries(),
+            "prefix_cache_hits": kv.prefix_cache_hits(),
         }
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached KV block (for operators, e.g. after changing
+        weights or to measure cold-cache latency). Running requests keep their
+        blocks. Returns the number of blocks uncached (0 with prefix caching
+        off)."""
+        return self.kv_cache_manager.reset_prefix_cache()
 
     def timeline_snapshot(self) -> dict | None:
         """The request timeline recorded so far, as plain dicts and lists (schema in

@@ -61,6 +61,7 @@ def build_engine_config(
     block_size: int = 16,
     num_kv_blocks: int | None = None,
     kv_cache_memory: int | str | None = None,
+    enable_prefix_caching: bool = True,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     scheduler: str = "fcfs",
@@ -85,6 +86,8 @@ def build_engine_config(
         block_size: tokens per KV block.
         num_kv_blocks: KV blocks (overrides ``kv_cache_memory``).
         kv_cache_memory: bytes (int or e.g. ``"2GiB"``) for the KV cache.
+        enable_prefix_caching: automatic prefix caching (reuse the KV blocks
+            of shared prompt prefixes).
         max_num_seqs: most requests per step.
         max_num_batched_tokens: token budget per step.
         scheduler: scheduler plugin name (entry-point group ``paternoster.schedulers``).
@@ -106,7 +109,8 @@ def build_engine_config(
         ValueError: a value out of range (the message names it).
     """
     cache = {"block_size": block_size, "num_kv_blocks": num_kv_blocks,
-             "gpu_memory_utilization": gpu_memory_utilization}
+             "gpu_memory_utilization": gpu_memory_utilization,
+             "enable_prefix_caching": enable_prefix_caching}
     if kv_cache_memory is not None:
         cache["kv_cache_memory"] = parse_bytes(kv_cache_memory)
     load_scheduler_class(scheduler)  # unknown name: ValueError listing the installed ones
@@ -147,7 +151,7 @@ ENGINE_ARG_NAMES = (
     "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "scheduler",
     "scheduler_config", "num_threads", "seed", "device", "gpu_memory_utilization",
     "cuda_graphs", "load_format", "timeline_size", "timeline_sample_rate",
-    "timeline_max_requests",
+    "timeline_max_requests", "enable_prefix_caching",
 )  # fmt: skip
 
 
@@ -191,6 +195,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-memory", type=parse_bytes, default=None,
         help="CPU KV cache size in bytes, e.g. 1073741824 or 2GiB (ignored with "
              "--num-kv-blocks; on CUDA see --gpu-memory-utilization)",
+    )  # fmt: skip
+    g.add_argument(
+        "--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+        help="turn off automatic prefix caching (on by default: KV blocks of shared "
+             "prompt prefixes are reused)",
+    )  # fmt: skip
+    g.add_argument(
+        "--enable-prefix-caching", dest="enable_prefix_caching", action="store_true",
+        default=True, help=argparse.SUPPRESS,
     )  # fmt: skip
     g.add_argument("--max-num-seqs", type=int, default=None, help="most requests per step")
     g.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step")

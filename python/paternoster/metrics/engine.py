@@ -45,6 +45,16 @@ class _EngineStatsCollector(Collector):
             "Requests preempted (recompute) since the engine started (preemptions).",
             value=float(stats.get("num_preemptions_total", 0)),
         )
+        yield CounterMetricFamily(
+            "paternoster:prefix_cache_queries",
+            "Tokens looked up in the prefix cache when requests were admitted (tokens).",
+            value=float(stats.get("prefix_cache_queries", 0)),
+        )
+        yield CounterMetricFamily(
+            "paternoster:prefix_cache_hits",
+            "Of the looked-up tokens, those found cached (tokens).",
+            value=float(stats.get("prefix_cache_hits", 0)),
+        )
 
 
 class EngineMetrics:

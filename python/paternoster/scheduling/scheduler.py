@@ -36,10 +36,18 @@ class Scheduler:
     out, appends sampled tokens, checks stop conditions (EOS, stop token ids,
     ``max_tokens``, ``max_model_len``) and frees finished requests' blocks.
 
+    Automatic prefix caching (when the KV cache manager has it enabled, after
+    vLLM's): on admission a request's longest cached prefix, in whole blocks,
+    counts as computed (``num_computed_tokens`` starts past it, so a preempted
+    request re-hits its own blocks), and after every step the blocks the step
+    filled are registered for later requests. Requests asking for prompt
+    logprobs skip the lookup (their prompt must be scored).
+
     Args:
         config: per-step limits and the policy's own options.
         kv_cache_manager: ``paternoster._core.KVCacheManager`` (or anything with
-            ``allocate_slots(id, num_tokens) -> bool`` and ``free(id)``).
+            ``allocate_slots(id, num_tokens) -> bool`` and ``free(id)``; prefix
+            caching is used when it has ``enable_caching()`` returning True).
         batch_builder: ``paternoster._core.BatchBuilder`` holding each
             request's token ids (``add_request``, ``append_tokens``,
             ``remove_request``).
@@ -76,6 +84,9 @@ class Scheduler:
         self.config = config
         self.num_steps = 0
         self.kv_cache_manager = kv_cache_manager
+        enable_caching = getattr(kv_cache_manager, "enable_caching", None)
+        #: Whether admission looks up cached prefixes (the KV cache manager's setting).
+        self.prefix_caching: bool = bool(enable_caching()) if callable(enable_caching) else False
         self.batch_builder = batch_builder
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -222,8 +233,10 @@ class Scheduler:
             request = self.waiting[0]
             if not self.can_admit(request):
                 break
+            self._lookup_prefix(request)
             num_new = self.num_tokens_to_schedule(request, budget)
             if num_new <= 0 or not self._allocate(request, num_new):
+                self._undo_lookup(request)
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
@@ -235,11 +248,34 @@ class Scheduler:
     @staticmethod
     def _unschedule(out: SchedulerOutput, request: Request) -> int:
         """Take ``request`` out of this step's plan; returns the tokens freed."""
-        if request not in out.scheduled:
-            return 0
-        idx = out.scheduled.index(request)
-        out.scheduled.pop(idx)
-        return out.num_scheduled_tokens.pop(idx)
+        return out.remove(request)
+
+    def _lookup_prefix(self, request: Request) -> None:
+        """Start a waiting request past its cached prefix (prefix caching only).
+
+        The hit blocks become the start of its block table, one reference each;
+        ``request.num_computed_tokens`` is set to the hit tokens (whole blocks,
+        never the last token).
+        """
+        if not self.prefix_caching or request.sampling_params.prompt_logprobs is not None:
+            return
+        rid = request.internal_id
+        request.num_computed_tokens = self.kv_cache_manager.get_computed_blocks(
+            rid, self.batch_builder.token_ids(rid), getattr(request, "cache_salt", None)
+        )
+
+    def _undo_lookup(self, request: Request) -> None:
+        """The head of ``waiting`` was not admitted: give back its hit blocks."""
+        if self.prefix_caching:
+            self.kv_cache_manager.free(request.internal_id)
+            request.num_computed_tokens = 0
+
+    def _cache_computed_blocks(self, out: SchedulerOutput) -> None:
+        """Register the blocks this step filled (their KV is now written);
+        called before ``num_computed_tokens`` advances."""
+        ids, computed, scheduled = out.batch_arrays()
+        done = computed.astype(np.int64) + scheduled
+        self.kv_cache_manager.cache_computed_blocks(self.batch_builder, ids, done)
 
     def _allocate(self, request: Request, num_new: int) -> bool:
         return self.kv_cache_manager.allocate_slots(
@@ -274,8 +310,11 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         grown_ids: list[int] = []
         grown_tokens: list[int] = []
-        for row, (request, num_new) in enumerate(zip(out.scheduled, out.num_scheduled_tokens)):
+        if self.prefix_caching and out.scheduled:
+            self._cache_computed_blocks(out)
+        for request, num_new in zip(out.scheduled, out.num_scheduled_tokens):
             request.num_computed_tokens += num_new
+        for row, request in enumerate(out.scheduled):
             token = sampled.get(row)
             if token is None:
                 continue
