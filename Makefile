@@ -4,6 +4,7 @@
 #   make serve MODEL=dir  serve a local HF model directory
 #   make test             build the C++ core, run ctest, ruff and pytest
 #   make bench            offline throughput vs HF transformers (docs/benchmarks.md)
+#   make compat-tools     GuideLLM in build/compat for tests/entrypoints/test_guidellm.py
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,7 +16,12 @@ CTEST_BUILD := build/ctest
 
 CORE_SOURCES := CMakeLists.txt pyproject.toml $(shell find core cuda -type f 2>/dev/null)
 
-.PHONY: install serve test test-cpp test-py lint bench clean
+# GuideLLM, for the compatibility test (tests/entrypoints/test_guidellm.py), in its own
+# venv: it pins its own dependencies and pulls torch, held to our CPU torch version.
+GUIDELLM_VERSION ?= 0.8.1
+COMPAT_VENV ?= build/compat
+
+.PHONY: install serve test test-cpp test-py lint bench clean compat-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +62,14 @@ test-py: install
 	$(BIN)/python -m pytest -q tests
 
 test: install test-cpp lint test-py
+
+compat-tools: $(COMPAT_VENV)/bin/guidellm
+
+$(COMPAT_VENV)/bin/guidellm:
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	echo "torch==$(TORCH_VERSION)" > $(COMPAT_VENV)/constraints.txt
+	$(COMPAT_VENV)/bin/python -m pip install -q -c $(COMPAT_VENV)/constraints.txt \
+	  guidellm==$(GUIDELLM_VERSION)
 
 bench: install
 	$(BIN)/python bench/offline.py

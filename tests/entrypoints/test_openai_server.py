@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 
 import httpx
@@ -68,6 +69,38 @@ def test_chat_uses_template_once_and_streams_the_same_text(client, model, tokeni
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert text == msg.content
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_async_client_streams_and_batches(server, client, model):
+    """openai.AsyncOpenAI: chat and completions, streamed and not, concurrently."""
+    kw = dict(model=model, messages=CHAT, max_tokens=12, temperature=0)
+    whole = client.chat.completions.create(**kw)
+
+    async def run():
+        aclient = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60
+        )
+        async with aclient:
+            chat = await aclient.chat.completions.create(**kw)
+            stream = await aclient.chat.completions.create(
+                **kw, stream=True, stream_options={"include_usage": True}
+            )
+            parts, usage = [], None
+            async for c in stream:
+                parts.extend(ch.delta.content or "" for ch in c.choices)
+                usage = c.usage or usage
+            many = await asyncio.gather(*(
+                aclient.completions.create(
+                    model=model, prompt=f"Item {i}:", max_tokens=6, temperature=0,
+                    extra_body={"ignore_eos": True},
+                ) for i in range(6)
+            ))  # fmt: skip
+        return chat, "".join(parts), usage, many
+
+    chat, streamed, usage, many = asyncio.run(run())
+    assert chat.choices[0].message.content == whole.choices[0].message.content == streamed
+    assert usage == whole.usage
+    assert [r.usage.completion_tokens for r in many] == [6] * 6
 
 
 def test_n_choices_are_indexed_and_counted(client, model):
