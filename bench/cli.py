@@ -46,7 +46,11 @@ _CAPACITY_DOC = (
 
 def _add_endpoint_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("endpoint")
-    g.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root URL")
+    g.add_argument(
+        "--base-url",
+        default="http://127.0.0.1:8000",
+        help="server root URL (default: %(default)s; a trailing /v1 is dropped)",
+    )
     g.add_argument(
         "--api",
         choices=["completions", "chat"],
@@ -116,6 +120,13 @@ def _add_workload_args(p: argparse.ArgumentParser, num_prompts: int | None) -> N
         type=int,
         default=None,
         help="fit requests into this context (default: from GET /v1/models)",
+    )
+    g.add_argument(
+        "--prefix-len",
+        type=int,
+        default=0,
+        help="tokens of one shared prefix put before every prompt (a system prompt; "
+        "vLLM's --random-prefix-len; exercises prefix caching)",
     )
     g.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths and arrivals")
     g.add_argument(
@@ -257,8 +268,15 @@ class _Workload:
             self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         self.max_len = None
         if max_model_len is not None:
-            fit = max_model_len - _CONTEXT_RESERVE[args.api]
+            fit = max_model_len - _CONTEXT_RESERVE[args.api] - max(0, args.prefix_len)
             self.max_len = max(2, fit if self.tokenizer else int(fit * 0.9))
+        if args.prefix_len < 0:
+            raise ValueError(f"--prefix-len must be >= 0, got {args.prefix_len}")
+        self.prefix = ""
+        if args.prefix_len:
+            from paternoster.bench.workload import PromptMaker
+
+            self.prefix = PromptMaker(self.tokenizer, args.seed + 7919).make(args.prefix_len)
         self.mix = parse_mix(args.mix) if args.mix else DEFAULT_MIX
         ds = args.dataset
         if ds not in ("mix", "random") and not ds.startswith("jsonl:"):
@@ -278,6 +296,7 @@ class _Workload:
             "seed": a.seed,
             "tokenizer": a.tokenizer,
             "max_model_len_fitted": self.max_len,
+            "prefix_len": a.prefix_len,
         }
         if a.dataset == "mix":
             d["mix"] = [asdict(c) for c in self.mix]
@@ -300,10 +319,16 @@ class _Workload:
         a, seed = self.args, self.args.seed + seed_offset
         maker = PromptMaker(self.tokenizer, seed)
         if a.dataset == "random":
-            return make_random(
+            reqs = make_random(
                 n, maker, a.input_len, a.output_len, a.range_ratio, self.max_len, seed
             )
-        return make_mix(n, maker, self.mix, self.max_len, seed)
+        else:
+            reqs = make_mix(n, maker, self.mix, self.max_len, seed)
+        if self.prefix:
+            from paternoster.bench.workload import with_shared_prefix
+
+            reqs = with_shared_prefix(reqs, self.prefix, a.prefix_len)
+        return reqs
 
 
 def _resolve_model(args: argparse.Namespace) -> tuple[str, int | None]:
@@ -492,6 +517,8 @@ def run(args: argparse.Namespace) -> int:
         0 on success; 1 when ``serve`` completed no request; 2 on a usage or
         input error (printed to stderr); 130 when interrupted.
     """
+    base = args.base_url.rstrip("/")
+    args.base_url = base[: -len("/v1")] if base.endswith("/v1") else base
     try:
         if args.bench_command == "serve":
             return _run_serve(args)

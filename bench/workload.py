@@ -249,6 +249,27 @@ def make_random(
     return out
 
 
+def with_shared_prefix(requests: Sequence[BenchRequest], prefix: str,
+                       prefix_len: int) -> list[BenchRequest]:
+    """Put one shared ``prefix`` (``prefix_len`` tokens) before every prompt, as a
+    system prompt or few-shot examples would be: vLLM's ``--random-prefix-len``.
+
+    The prompt becomes ``prefix + " " + prompt``; with word prompts and a BPE
+    vocabulary the prefix tokenizes the same in every request, so a prefix cache
+    can reuse it. ``prompt_len`` grows by ``prefix_len``.
+
+    Raises:
+        ValueError: ``prefix_len < 1`` or an empty ``prefix``.
+    """
+    if prefix_len < 1 or not prefix:
+        raise ValueError(f"prefix_len must be >= 1 with a non-empty prefix, got {prefix_len}")
+    return [
+        BenchRequest(f"{prefix} {r.prompt}", r.prompt_len + prefix_len, r.output_len, r.tag,
+                     r.arrival_time)
+        for r in requests
+    ]
+
+
 _JSONL_FIELDS = {
     "prompt",
     "prompt_len",

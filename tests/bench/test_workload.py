@@ -17,6 +17,7 @@ from paternoster.bench.workload import (
     make_mix,
     make_random,
     parse_mix,
+    with_shared_prefix,
 )
 
 N = 20_000
@@ -134,3 +135,18 @@ def test_jsonl_errors_name_the_line(tmp_path, line, match):
     p.write_text(line + "\n")
     with pytest.raises(ValueError, match=match):
         load_jsonl(p, PromptMaker())
+
+
+def test_shared_prefix_is_the_same_words_before_every_prompt():
+    maker = PromptMaker(seed=3)
+    reqs = make_random(5, maker, input_len=12, output_len=4, seed=3)
+    prefix = PromptMaker(seed=99).make(40)
+    out = with_shared_prefix(reqs, prefix, 40)
+    for before, after in zip(reqs, out):
+        assert after.prompt == prefix + " " + before.prompt
+        assert after.prompt_len == before.prompt_len + 40
+        assert len(after.prompt.split()) == after.prompt_len
+        assert after.output_len == before.output_len
+    assert len({r.prompt for r in out}) == len(out)
+    with pytest.raises(ValueError, match="prefix_len"):
+        with_shared_prefix(reqs, prefix, 0)
