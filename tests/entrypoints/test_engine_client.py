@@ -174,15 +174,36 @@ def test_stalled_engine_is_declared_dead(fake_dir):
     fake_dir.opts(hang_at_step=3)
 
     async def main():
-        client = _client(fake_dir.path, stall_timeout=1.0, heartbeat_interval=0.2)
+        client = _client(
+            fake_dir.path, stall_timeout=1.0, step_timeout=1.0, heartbeat_interval=0.2
+        )
         await client.start()
         try:
             t = time.monotonic()
-            with pytest.raises(EngineDeadError, match="stalled"):
+            with pytest.raises(EngineDeadError, match="one step has run"):
                 await asyncio.wait_for(_collect(client, _req("stuck", max_tokens=50)), 10)
             assert time.monotonic() - t < 3.0
             await asyncio.sleep(0.5)
             assert client._proc.poll() is not None  # the stuck process was killed
+        finally:
+            await client.shutdown()
+
+    run(main())
+
+
+def test_a_step_longer_than_the_stall_timeout_is_not_a_death(fake_dir):
+    """The engine beats from its own thread: a 2.5 s step (a long prefill) under a
+    1 s stall timeout finishes, and the engine stays alive."""
+    fake_dir.opts(step_delay=2.5)
+
+    async def main():
+        client = _client(fake_dir.path, stall_timeout=1.0, heartbeat_interval=0.2)
+        await client.start()
+        try:
+            outs = await asyncio.wait_for(_collect(client, _req("slow", max_tokens=2)), 20)
+            assert outs[-1].finish_reason == "length"
+            assert client.dead_reason is None
+            assert client._proc.poll() is None
         finally:
             await client.shutdown()
 

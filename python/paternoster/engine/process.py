@@ -6,9 +6,12 @@ does this). The frontend binds both sockets; this process connects.
 
 Protocol (msgpack maps, see :mod:`paternoster.engine.codec`; docs/protocol.md):
 
-- in ``config``   ``{"config": EngineConfig.to_dict()}`` — the first message.
-- out ``ready``   ``{"info": EngineCore.info}`` — once the engine is built.
-- out ``startup_error`` ``{"error": str}`` — building failed; the process exits 1.
+- in ``config``   ``{"config": EngineConfig.to_dict(), "token": str}`` — the first
+  message. When ``PATERNOSTER_ENGINE_TOKEN`` is set, a ``config`` whose token
+  differs is dropped (logged, not echoed).
+- out ``ready``   ``{"info": EngineCore.info, "token": str}`` — once the engine is built.
+- out ``startup_error`` ``{"error": str, "token": str}`` — building failed; the
+  process exits 1.
 - in ``add``      ``{"request": EngineCoreRequest.to_wire()}``
 - in ``abort``    ``{"request_ids": [str]}``
 - in ``shutdown`` ``{}``
@@ -21,8 +24,13 @@ Protocol (msgpack maps, see :mod:`paternoster.engine.codec`; docs/protocol.md):
   — one per step that produced outputs or ran a forward pass, plus the final
   outputs of aborted or rejected requests; ``iteration_tokens`` lists the
   tokens each step since the previous message computed (for metrics).
-- out ``heartbeat`` ``{"stats": EngineCore.stats(), "time": float}`` — every
-  ``heartbeat_interval`` seconds, idle or busy (sent between steps).
+- out ``heartbeat`` ``{"stats": EngineCore.stats(), "time": float, "step_started": float | None}``
+  — every ``heartbeat_interval`` seconds, idle or busy, from a thread of its own
+  on a second PUSH socket, so a step that runs longer than the frontend's stall
+  timeout (a long prompt prefilled in one step) does not make a healthy engine
+  look dead; ``stats`` is the snapshot taken after the latest step and
+  ``step_started`` the ``time.time()`` at which the step now running began
+  (``None`` between steps).
 - out ``fatal``   ``{"error": str}`` — ``step()`` raised; the process exits 1.
 
 A rejected ``add`` (``EngineCore.add_request`` raised ``ValueError``) becomes an
@@ -38,8 +46,10 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -51,6 +61,7 @@ logger = logging.getLogger("paternoster.engine")
 DEFAULT_ENGINE_CLS = "paternoster.engine.core:EngineCore"
 DEFAULT_HEARTBEAT_INTERVAL = 0.5
 CONFIG_TIMEOUT_S = 60.0
+TOKEN_ENV = "PATERNOSTER_ENGINE_TOKEN"
 
 
 def load_engine_cls(path: str) -> type:
@@ -86,6 +97,10 @@ class EngineLoop:
         outputs: queue to the frontend.
         parent_pid: exit when this process is no longer our parent.
         heartbeat_interval: seconds between heartbeats; also the idle poll timeout.
+        beat_queue: builds the queue heartbeats go out on (a second PUSH socket
+            to the frontend), called once inside the heartbeat thread, which
+            then owns it; ``None`` sends heartbeats from the loop between steps
+            (tests with in-memory queues).
     """
 
     def __init__(
@@ -95,6 +110,7 @@ class EngineLoop:
         outputs: PushQueue,
         parent_pid: int | None,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        beat_queue: Callable[[], PushQueue] | None = None,
     ):
         self.engine = engine
         self.inputs = inputs
@@ -105,6 +121,11 @@ class EngineLoop:
         self._iteration_tokens: list[int] = []
         self._shutdown = False
         self._last_beat = 0.0
+        self._beat_queue = beat_queue
+        self._stats: dict = {}
+        self._step_started: float | None = None
+        self._stop_beats = threading.Event()
+        self._parent_gone = threading.Event()
 
     def run(self) -> None:
         """Loop until a ``shutdown`` message arrives or the parent dies.
@@ -112,13 +133,33 @@ class EngineLoop:
         Raises:
             Exception: whatever ``EngineCore.step`` raised (the caller reports it).
         """
+        self._stats = self.engine.stats()
+        beater = None
+        if self._beat_queue is not None:
+            beater = threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True)
+            beater.start()
+        try:
+            self._loop(threaded_beats=beater is not None)
+        finally:
+            self._stop_beats.set()
+            if beater is not None:
+                beater.join(timeout=5)
+
+    def _loop(self, threaded_beats: bool) -> None:
         while not self._shutdown:
+            if self._parent_gone.is_set():
+                logger.warning("frontend process is gone; engine exiting")
+                return
             busy = self.engine.has_unfinished_requests()
             self._drain(0 if busy else int(self.heartbeat_interval * 1000))
             if self._shutdown:
                 break
             if self.engine.has_unfinished_requests():
-                self._pending.extend(o.to_wire() for o in self.engine.step())
+                self._step_started = time.time()
+                try:
+                    self._pending.extend(o.to_wire() for o in self.engine.step())
+                finally:
+                    self._step_started = None
                 self._iteration_tokens.extend(self._pop_iteration_tokens())
             if self._pending or self._iteration_tokens:
                 pending, self._pending = self._pending, []
@@ -128,10 +169,34 @@ class EngineLoop:
             now = time.monotonic()
             if now - self._last_beat >= self.heartbeat_interval:
                 self._last_beat = now
-                beat = message("heartbeat", stats=self.engine.stats(), time=time.time())
+                self._stats = self.engine.stats()
+                if threaded_beats:
+                    continue
+                beat = message("heartbeat", stats=self._stats, time=time.time(),
+                               step_started=None)
                 if not self._parent_alive() or not self._put(beat):
                     logger.warning("frontend process is gone; engine exiting")
                     return
+
+    def _beat_forever(self) -> None:
+        """Heartbeat thread: one beat per interval, whatever the loop is doing
+        (torch and the C++ kernels release the GIL during a step)."""
+        queue = self._beat_queue()
+        try:
+            while not self._stop_beats.wait(self.heartbeat_interval):
+                if not self._parent_alive():
+                    self._parent_gone.set()
+                    return
+                beat = message("heartbeat", stats=self._stats, time=time.time(),
+                               step_started=self._step_started)
+                try:
+                    queue.put(beat)
+                except zmq.Again:  # the frontend is not reading; the next beat retries
+                    continue
+        except zmq.ZMQError:  # context terminated while shutting down
+            return
+        finally:
+            queue.socket.close(linger=0)
 
     def _pop_iteration_tokens(self) -> list[int]:
         """The engine's per-step token counts, if it keeps them (fakes may not)."""
@@ -217,17 +282,26 @@ class EngineLoop:
                     return
 
 
-def _wait_for_config(inputs: PullQueue, parent_pid: int | None) -> dict:
+def _wait_for_config(inputs: PullQueue, parent_pid: int | None, token: str | None) -> dict:
+    """The first ``config`` message carrying ``token`` (any, when ``token`` is None)."""
     deadline = time.monotonic() + CONFIG_TIMEOUT_S
     while time.monotonic() < deadline:
         if parent_pid is not None and os.getppid() != parent_pid:
             raise RuntimeError("frontend process is gone")
         if not inputs.poll(200):
             continue
-        msg = inputs.get()
-        if message_type(msg) == "config" and isinstance(msg.get("config"), dict):
+        try:
+            msg = inputs.get()
+            kind = message_type(msg)
+        except CodecError as e:
+            logger.error("dropping malformed frame: %s", e)
+            continue
+        if token is not None and msg.get("token") != token:
+            logger.error("dropping a %r message without the handshake token", kind)
+            continue
+        if kind == "config" and isinstance(msg.get("config"), dict):
             return msg["config"]
-        if message_type(msg) == "shutdown":
+        if kind == "shutdown":
             raise RuntimeError("shut down before start")
     raise RuntimeError(f"no config message within {CONFIG_TIMEOUT_S:.0f} s")
 
@@ -259,22 +333,31 @@ def run_engine(
     push.setsockopt(zmq.SNDTIMEO, 1000)
     inputs, outputs = PullQueue(pull), PushQueue(push)
     engine = None
+    token = os.environ.get(TOKEN_ENV)
     try:
         try:
             from paternoster.config import EngineConfig
 
-            config = EngineConfig.from_dict(_wait_for_config(inputs, parent_pid))
+            config = EngineConfig.from_dict(_wait_for_config(inputs, parent_pid, token))
             import torch
 
             torch.set_num_threads(config.num_threads)
             engine = load_engine_cls(engine_cls)(config)
         except Exception as e:  # report any startup failure, in words, then exit
             logger.error("engine failed to start: %s", traceback.format_exc())
-            outputs.put(message("startup_error", error=f"{type(e).__name__}: {e}"))
+            error = f"{type(e).__name__}: {e}"
+            outputs.put(message("startup_error", error=error, token=token))
             return 1
-        outputs.put(message("ready", info=dict(engine.info)))
+        outputs.put(message("ready", info=dict(engine.info), token=token))
         logger.info("engine ready (pid %d): %s", os.getpid(), engine.info)
-        loop = EngineLoop(engine, inputs, outputs, parent_pid, heartbeat_interval)
+        def beat_queue() -> PushQueue:
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDTIMEO, 1000)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(output_addr)
+            return PushQueue(sock)
+
+        loop = EngineLoop(engine, inputs, outputs, parent_pid, heartbeat_interval, beat_queue)
         try:
             loop.run()
         except Exception as e:

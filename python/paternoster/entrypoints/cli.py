@@ -4,6 +4,12 @@
 
 Starts the engine process, then the OpenAI-compatible HTTP server. Without
 MODEL_DIR it serves the embedded default model (SmolLM2-135M-Instruct).
+
+SIGTERM or Ctrl-C shut the server down gracefully: it stops accepting
+requests (/health turns 503), lets in-flight requests finish for up to
+``--shutdown-timeout`` seconds, ends the rest with an error (an SSE error
+event and ``[DONE]`` for streams), stops the engine and exits 0. A second
+Ctrl-C ends the in-flight requests at once.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from paternoster.entrypoints.engine_args import (
     ENGINE_ARG_NAMES,
     add_engine_args,
     build_engine_config,
+    parse_bytes,
     resolve_model_dir,
 )
 
@@ -47,13 +54,20 @@ def make_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     g.add_argument(
         "--engine-stall-timeout", type=float, default=30.0,
-        help="seconds without a heartbeat before the engine is declared dead",
+        help="seconds without a heartbeat before the engine is declared dead (the engine "
+        "beats from its own thread, also during a long step)",
+    )  # fmt: skip
+    g.add_argument(
+        "--engine-step-timeout", type=float, default=600.0,
+        help="seconds one engine step may run before the engine is declared stalled "
+        "(a long prompt prefilled in one step can take minutes on a CPU)",
     )  # fmt: skip
     g.add_argument(
         "--chat-template", default=None, metavar="FILE",
         help="Jinja chat template file replacing the model's own (or supplying a missing one)",
     )  # fmt: skip
     g.add_argument("--engine-cls", default=None, help=argparse.SUPPRESS)  # tests: a fake engine
+    _add_hardening_args(serve)
     from paternoster.simulate.cli import add_simulate_args
 
     add_simulate_args(
@@ -74,6 +88,63 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _add_hardening_args(parser: argparse.ArgumentParser) -> None:
+    """Security, overload and shutdown flags of ``serve`` (docs/errors.md)."""
+    from paternoster.entrypoints.openai.api_server import DEFAULT_MAX_STOP
+    from paternoster.sampling_params import MAX_N
+
+    g = parser.add_argument_group("limits, security and shutdown")
+    g.add_argument(
+        "--api-key", default=os.environ.get("PATERNOSTER_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on every route but /health, /version "
+             "and /metrics (default: $PATERNOSTER_API_KEY; none when unset)",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-request-body-bytes", type=parse_bytes, default=16 * 1024**2, metavar="BYTES",
+        help="larger request bodies get 413 (default 16MiB)",
+    )  # fmt: skip
+    g.add_argument("--max-n", type=_positive_int, default=MAX_N,
+                   help=f"largest n per request (at most {MAX_N})")  # fmt: skip
+    g.add_argument("--max-stop-sequences", type=int, default=DEFAULT_MAX_STOP,
+                   help="most stop strings per request")  # fmt: skip
+    g.add_argument(
+        "--max-waiting-requests", type=_positive_int, default=None, metavar="N",
+        help="at most N requests waiting for their first token; beyond, 503 with "
+             "Retry-After (default: unbounded)",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-waiting-tokens", type=_positive_int, default=None, metavar="N",
+        help="at most N prompt tokens waiting; beyond, 503 with Retry-After (default: unbounded)",
+    )  # fmt: skip
+    g.add_argument(
+        "--queue-timeout", type=_positive_float, default=None, metavar="S",
+        help="abort a request with 503 when it waited S seconds for its first token",
+    )  # fmt: skip
+    g.add_argument(
+        "--restart-engine", action="store_true",
+        help="start a new engine process when the engine dies or stalls (in-flight "
+             "requests still fail; /health recovers once it is ready)",
+    )  # fmt: skip
+    g.add_argument(
+        "--shutdown-timeout", type=_positive_float, default=10.0, metavar="S",
+        help="on SIGTERM/Ctrl-C, seconds in-flight requests may take to finish (default 10)",
+    )  # fmt: skip
+
+
 async def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted.
 
@@ -82,11 +153,9 @@ async def serve(args: argparse.Namespace) -> int:
     Returns:
         Exit code: 0 after a clean stop, 1 when the model or engine failed to load.
     """
-    import uvicorn
-
     from paternoster.engine.process import DEFAULT_ENGINE_CLS
     from paternoster.entrypoints.engine_client import EngineClient, EngineStartupError
-    from paternoster.entrypoints.openai.api_server import build_app
+    from paternoster.entrypoints.openai.api_server import ServerLimits, build_app
 
     model_dir = resolve_model_dir(args.model)
     if not os.path.isdir(model_dir):
@@ -103,6 +172,12 @@ async def serve(args: argparse.Namespace) -> int:
             return 1
     try:
         config = build_engine_config(model_dir, **{k: getattr(args, k) for k in ENGINE_ARG_NAMES})
+        limits = ServerLimits(
+            api_key=args.api_key,
+            max_body_bytes=args.max_request_body_bytes,
+            max_n=args.max_n,
+            max_stop=args.max_stop_sequences,
+        )
     except ValueError as e:
         logger.error("%s", e)
         return 1
@@ -111,7 +186,12 @@ async def serve(args: argparse.Namespace) -> int:
         engine_cls=args.engine_cls or DEFAULT_ENGINE_CLS,
         startup_timeout=args.engine_startup_timeout,
         stall_timeout=args.engine_stall_timeout,
+        step_timeout=args.engine_step_timeout,
         log_level=args.log_level.upper(),
+        max_waiting_requests=args.max_waiting_requests,
+        max_waiting_tokens=args.max_waiting_tokens,
+        queue_timeout=args.queue_timeout,
+        restart_engine=args.restart_engine,
     )
     # Load the tokenizer while the engine process loads the model.
     starting = asyncio.create_task(client.start())
@@ -131,26 +211,71 @@ async def serve(args: argparse.Namespace) -> int:
         return 1
     try:
         name = args.served_model_name or info["model"]
-        app = build_app(client, tokenizer, name, chat_template=chat_template)
+        app = build_app(client, tokenizer, name, chat_template=chat_template, limits=limits)
         logger.info(
             "model %s from %s: max_model_len=%d, %d KV blocks of %d tokens",
             name, info.get("model_dir"), app.state.serving.max_model_len,
             info.get("num_kv_blocks"), info.get("block_size"),
         )  # fmt: skip
         logger.info("serving on http://%s:%d/v1", args.host, args.port)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=args.host,
-                port=args.port,
-                log_level=args.log_level,
-                timeout_graceful_shutdown=5,
-            )  # fmt: skip
-        )
+        server = _graceful_server(app, client, args)
         await server.serve()
         return 0
     finally:
         await client.shutdown()
+
+
+def _graceful_server(app: Any, client: Any, args: argparse.Namespace) -> Any:
+    """A uvicorn server whose SIGTERM/SIGINT drain the engine client first:
+    refuse new requests, wait up to ``--shutdown-timeout`` seconds for the
+    in-flight ones, then end the rest with an error."""
+    import uvicorn
+
+    drain_s = args.shutdown_timeout
+
+    class GracefulServer(uvicorn.Server):
+        drain_task: asyncio.Task | None = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            loop = getattr(self, "loop", None)
+            if loop is None:  # still starting up: nothing is in flight
+                return
+            if first:
+                logger.info("shutting down: draining %d in-flight requests", client.num_in_flight)
+                loop.call_soon_threadsafe(self._start_drain)
+            elif self.force_exit:
+                loop.call_soon_threadsafe(client.fail_in_flight, "server is shutting down")
+
+        def _start_drain(self) -> None:
+            self.drain_task = asyncio.ensure_future(_drain(client, drain_s))
+
+        async def startup(self, sockets: Any = None) -> None:
+            self.loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        # Past the drain, streams get their error events; then uvicorn cancels.
+        timeout_graceful_shutdown=int(drain_s) + 3,
+    )
+    return GracefulServer(config)
+
+
+async def _drain(client: Any, timeout_s: float) -> None:
+    """Refuse new requests, wait up to ``timeout_s`` seconds for the in-flight
+    ones to finish, then end those left with an error."""
+    client.stop_accepting("server is shutting down")
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while client.num_in_flight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    if client.num_in_flight:
+        logger.warning("shutdown timeout: ending %d in-flight requests", client.num_in_flight)
+        client.fail_in_flight("server is shutting down")
 
 
 def _load_tokenizer(model_dir: str) -> Any:

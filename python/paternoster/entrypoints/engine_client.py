@@ -7,6 +7,18 @@ engine output to the asyncio queue of its request. A watchdog ends every
 in-flight request with :class:`EngineDeadError` within ~0.1 s of the engine
 process exiting, or once no message (heartbeats included) arrived for
 ``stall_timeout`` seconds; no request waits forever.
+
+Admission control: a request counts as *waiting* from the moment it is sent
+until its first output arrives (queued in the engine or still in prefill).
+:meth:`EngineClient.check_capacity` refuses new work with
+:class:`EngineOverloadedError` once ``max_waiting_requests`` or
+``max_waiting_tokens`` (prompt tokens) would be exceeded, and a request that
+waits longer than ``queue_timeout`` seconds is aborted with the same error.
+
+The config handshake carries a random token (passed to the child in the
+``PATERNOSTER_ENGINE_TOKEN`` environment variable, never on the command line):
+the engine ignores a ``config`` without it and the frontend a ``ready``
+without it, so another local process cannot pose as either side.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ import contextlib
 import itertools
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -23,6 +36,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -57,6 +71,16 @@ class TimelineUnavailableError(RuntimeError):
     message says how to turn them on."""
 
 
+class EngineOverloadedError(RuntimeError):
+    """Too many requests (or prompt tokens) are waiting for the engine, or a
+    request waited longer than the queue timeout. ``retry_after`` is the
+    suggested wait in seconds (the HTTP server's ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class RequestRejectedError(ValueError):
     """The engine refused a request (``EngineCore.add_request`` raised
     ``ValueError``); the message says why."""
@@ -70,9 +94,24 @@ class EngineClient:
         engine_cls: ``"module:Class"`` the engine process builds (tests use a fake).
         startup_timeout: seconds to wait for ``ready`` (model load included).
         stall_timeout: seconds without any message from a running engine after
-            which it is declared dead (must exceed the longest step).
+            which it is declared dead. The engine beats from a thread of its
+            own, so this bounds how long a dead or frozen process goes
+            unnoticed, not how long a step may take.
+        step_timeout: seconds one engine step may run (reported in the
+            heartbeats) before the engine is declared stalled and killed;
+            ``None``: no limit. Prefilling a long prompt in one step on a CPU
+            can take minutes.
         heartbeat_interval: seconds between the engine's heartbeats.
         log_level: the engine process's log level.
+        max_waiting_requests: most requests waiting for their first output
+            (``None``: unbounded); see :meth:`check_capacity`.
+        max_waiting_tokens: most prompt tokens of waiting requests (``None``:
+            unbounded).
+        queue_timeout: seconds a request may wait for its first output before
+            it is aborted with :class:`EngineOverloadedError` (``None``: forever).
+        restart_engine: once the engine died (and its in-flight requests
+            failed), start a new engine process; retried with a backoff of
+            1, 2, 4 ... 30 s while it fails to start. ``num_restarts`` counts them.
     """
 
     def __init__(
@@ -83,13 +122,36 @@ class EngineClient:
         stall_timeout: float = 30.0,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         log_level: str = "INFO",
+        step_timeout: float | None = 600.0,
+        max_waiting_requests: int | None = None,
+        max_waiting_tokens: int | None = None,
+        queue_timeout: float | None = None,
+        restart_engine: bool = False,
     ):
+        for name, value in (
+            ("max_waiting_requests", max_waiting_requests),
+            ("max_waiting_tokens", max_waiting_tokens),
+            ("queue_timeout", queue_timeout),
+            ("step_timeout", step_timeout),
+        ):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 (or None for no limit), got {value}")
         self.config = config
         self.engine_cls = engine_cls
         self.startup_timeout = startup_timeout
         self.stall_timeout = stall_timeout
+        self.step_timeout = step_timeout
+        self._step_started: float | None = None  # time.time() of the running step
         self.heartbeat_interval = heartbeat_interval
         self.log_level = log_level
+        self.max_waiting_requests = max_waiting_requests
+        self.max_waiting_tokens = max_waiting_tokens
+        self.queue_timeout = queue_timeout
+        self.restart_engine = restart_engine
+        self.num_restarts = 0
+        self._restarting = False
+        self._ready_waiter: asyncio.Future | None = None
+        self._addrs: tuple[str, str] = ("", "")
         self.info: dict = {}
         self.stats: dict = {}
         self.dead_reason: str | None = None
@@ -106,13 +168,44 @@ class EngineClient:
         self._iteration_listeners: list[Callable[[list[int]], None]] = []
         self._timeline_waiters: dict[int, asyncio.Future] = {}
         self._timeline_ids = itertools.count()
+        self._waiting: dict[str, int] = {}  # request id -> prompt tokens, until first output
+        self._waiting_tokens = 0
+        self._refusing: str | None = None  # why new requests are refused (shutdown)
+        self._token = secrets.token_hex(16)
 
     # ----------------------------------------------------------------- life
 
     @property
     def is_alive(self) -> bool:
-        """True while the engine is ready and neither dead nor shut down."""
-        return bool(self.info) and self.dead_reason is None and not self._closed
+        """True while the engine is ready, neither dead nor shut down, and new
+        requests are accepted."""
+        return (
+            bool(self.info)
+            and self.dead_reason is None
+            and not self._closed
+            and self._refusing is None
+        )
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why new requests are refused (engine dead, shutting down), or ``None``."""
+        if self.is_alive:
+            return None
+        if self.dead_reason is not None and self._restarting:
+            return f"{self.dead_reason} (restarting the engine)"
+        return self.dead_reason or self._refusing or "engine is not running"
+
+    def stop_accepting(self, reason: str = "server is shutting down") -> None:
+        """Refuse new requests with :class:`EngineDeadError` (``reason``) from now
+        on; in-flight requests go on. For a graceful shutdown."""
+        if self._refusing is None:
+            self._refusing = reason
+
+    def fail_in_flight(self, reason: str) -> None:
+        """End every in-flight request now with :class:`EngineDeadError` (``reason``);
+        their generators abort them in the engine. The engine stays up."""
+        for q in self._queues.values():
+            q.put_nowait(EngineDeadError(reason))
 
     @property
     def pid(self) -> int | None:
@@ -140,17 +233,8 @@ class EngineClient:
         push.bind(in_addr)
         pull.bind(out_addr)
         self._push, self._pull = AsyncPushQueue(push), AsyncPullQueue(pull)
-        self._proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "paternoster.engine.process",
-                "--input", in_addr, "--output", out_addr,
-                "--parent-pid", str(os.getpid()),
-                "--engine-cls", self.engine_cls,
-                "--heartbeat-interval", str(self.heartbeat_interval),
-                "--log-level", self.log_level,
-            ],
-            env=_child_env(),
-        )  # fmt: skip
+        self._addrs = (in_addr, out_addr)
+        self._proc = self._spawn()
         handshake = asyncio.create_task(self._handshake())
         deadline = time.monotonic() + self.startup_timeout
         try:
@@ -183,14 +267,32 @@ class EngineClient:
         ]
         return self.info
 
+    def _spawn(self) -> subprocess.Popen:
+        """Start an engine process connecting to our two sockets."""
+        in_addr, out_addr = self._addrs
+        return subprocess.Popen(
+            [
+                sys.executable, "-m", "paternoster.engine.process",
+                "--input", in_addr, "--output", out_addr,
+                "--parent-pid", str(os.getpid()),
+                "--engine-cls", self.engine_cls,
+                "--heartbeat-interval", str(self.heartbeat_interval),
+                "--log-level", self.log_level,
+            ],
+            env=_child_env(self._token),
+        )  # fmt: skip
+
     async def _handshake(self) -> dict:
-        await self._push.put(message("config", config=self.config.to_dict()))
+        await self._push.put(message("config", config=self.config.to_dict(), token=self._token))
         while True:
             try:
                 msg = await self._pull.get()
                 kind = message_type(msg)
             except CodecError as e:
                 logger.error("dropping malformed frame from engine: %s", e)
+                continue
+            if msg.get("token") != self._token:
+                logger.error("dropping a %r message without the handshake token", kind)
                 continue
             if kind == "ready":
                 return dict(msg.get("info") or {})
@@ -248,6 +350,8 @@ class EngineClient:
         Raises:
             EngineDeadError: the engine is (or becomes) dead or shut down.
             RequestRejectedError: the engine refused the request.
+            EngineOverloadedError: it waited more than ``queue_timeout`` seconds
+                for its first output (it is aborted).
             ValueError: the id is already in flight.
         """
         self._check_alive()
@@ -261,11 +365,18 @@ class EngineClient:
             raise RequestRejectedError(f"request cannot be sent to the engine: {e}") from e
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = queue
+        self._waiting[rid] = len(request.prompt_token_ids)
+        self._waiting_tokens += self._waiting[rid]
+        deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
         done = False
         try:
             self._outbox.put_nowait(add)
             while not done:
-                item = await queue.get()
+                if rid in self._waiting and deadline is not None:
+                    item = await self._first_output(queue, deadline)
+                else:
+                    item = await queue.get()
+                self._stop_waiting(rid)
                 if isinstance(item, EngineDeadError):
                     done = True
                     raise item
@@ -276,8 +387,60 @@ class EngineClient:
                 yield item
         finally:
             self._queues.pop(rid, None)
+            self._stop_waiting(rid)
             if not done:
                 self.abort([rid])
+
+    async def _first_output(self, queue: asyncio.Queue, deadline: float) -> Any:
+        """The next item of ``queue``; EngineOverloadedError after ``deadline``."""
+        try:
+            return await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise EngineOverloadedError(
+                f"request waited more than {self.queue_timeout:g} s in the queue"
+            ) from None
+
+    def _stop_waiting(self, rid: str) -> None:
+        tokens = self._waiting.pop(rid, None)
+        if tokens is not None:
+            self._waiting_tokens -= tokens
+
+    def check_capacity(self, num_requests: int, num_tokens: int) -> None:
+        """Refuse new work that would overfill the waiting queue.
+
+        A request that alone exceeds ``max_waiting_tokens`` is admitted only
+        when nothing is waiting, so it can never be refused forever.
+
+        Args:
+            num_requests: engine requests about to be sent (prompts x ``n``).
+            num_tokens: their prompt tokens in total.
+        Raises:
+            EngineOverloadedError: ``max_waiting_requests`` or
+                ``max_waiting_tokens`` would be exceeded.
+        """
+        waiting = len(self._waiting)
+        cap = self.max_waiting_requests
+        if cap is not None and waiting + num_requests > cap and waiting > 0:
+            raise EngineOverloadedError(
+                f"server is overloaded: {waiting} requests are waiting "
+                f"(--max-waiting-requests {cap}); retry later"
+            )
+        cap = self.max_waiting_tokens
+        if cap is not None and self._waiting_tokens + num_tokens > cap and waiting > 0:
+            raise EngineOverloadedError(
+                f"server is overloaded: {self._waiting_tokens} prompt tokens are waiting "
+                f"(--max-waiting-tokens {cap}); retry later"
+            )
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests sent to the engine that have not had their first output yet."""
+        return len(self._waiting)
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        """Prompt tokens of the waiting requests."""
+        return self._waiting_tokens
 
     def abort(self, request_ids: Iterable[str]) -> None:
         """Ask the engine to abort requests (non-blocking; unknown ids are
@@ -334,6 +497,8 @@ class EngineClient:
             raise EngineDeadError(self.dead_reason)
         if self._closed or not self.info:
             raise EngineDeadError("engine is not running")
+        if self._refusing is not None:
+            raise EngineDeadError(self._refusing)
 
     # ------------------------------------------------------------ internals
 
@@ -374,6 +539,8 @@ class EngineClient:
                 self._notify_iterations(msg.get("iteration_tokens"))
             elif kind == "heartbeat":
                 self.stats = dict(msg.get("stats") or {})
+                started = msg.get("step_started")
+                self._step_started = float(started) if isinstance(started, (int, float)) else None
             elif kind == "timeline":
                 tid = msg.get("id")
                 future = self._timeline_waiters.get(tid) if isinstance(tid, int) else None
@@ -381,6 +548,8 @@ class EngineClient:
                     future.set_result(msg)
             elif kind == "fatal":
                 self._mark_dead(f"engine failed: {msg.get('error')}")
+            elif kind in ("ready", "startup_error"):
+                self._on_restart_handshake(kind, msg)
 
     def _dispatch(self, outputs: list) -> None:
         for raw in outputs:
@@ -404,19 +573,92 @@ class EngineClient:
                 logger.exception("iteration listener failed")
 
     async def _watchdog(self) -> None:
-        while self.dead_reason is None:
+        backoff = 1.0
+        while not self._closed:
             await asyncio.sleep(_WATCHDOG_PERIOD_S)
-            code = self._proc.poll()
-            if code is not None:
-                self._mark_dead(f"engine process exited with code {code}")
-            elif time.monotonic() - self._last_seen > self.stall_timeout:
-                self._mark_dead(f"engine stalled: no heartbeat for {self.stall_timeout:.1f} s")
+            if self.dead_reason is None:
+                code = self._proc.poll()
+                if code is not None:
+                    self._mark_dead(f"engine process exited with code {code}")
+                elif time.monotonic() - self._last_seen > self.stall_timeout:
+                    self._mark_dead(f"engine stalled: no heartbeat for {self.stall_timeout:.1f} s")
+                    self._proc.kill()
+                elif (
+                    self.step_timeout is not None
+                    and self._step_started is not None
+                    and time.time() - self._step_started > self.step_timeout
+                ):
+                    self._mark_dead(
+                        f"engine stalled: one step has run for over {self.step_timeout:.1f} s "
+                        "(--engine-step-timeout)"
+                    )
+                    self._step_started = None
+                    self._proc.kill()
+            elif not self.restart_engine:
+                return
+            elif await self._restart():
+                backoff = 1.0
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(30.0, backoff * 2)
+
+    async def _restart(self) -> bool:
+        """Replace a dead engine process with a new one (``--restart-engine``).
+
+        Returns:
+            True when the new engine is ready (the client is alive again).
+        """
+        self._restarting = True
+        logger.warning("restarting the engine after: %s", self.dead_reason)
+        try:
+            if self._proc.poll() is None:
                 self._proc.kill()
+            while self._proc.poll() is None:
+                await asyncio.sleep(_WATCHDOG_PERIOD_S)
+            while not self._outbox.empty():  # meant for the dead engine
+                self._outbox.get_nowait()
+            self._proc = self._spawn()
+            self._ready_waiter = asyncio.get_running_loop().create_future()
+            config = message("config", config=self.config.to_dict(), token=self._token)
+            self._outbox.put_nowait(config)
+            deadline = time.monotonic() + self.startup_timeout
+            while not self._ready_waiter.done():
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    raise EngineStartupError("the new engine process did not become ready")
+                await asyncio.wait({self._ready_waiter}, timeout=_WATCHDOG_PERIOD_S)
+            self.info = self._ready_waiter.result()
+        except EngineStartupError as e:
+            logger.error("engine restart failed: %s", e)
+            if self._proc.poll() is None:
+                self._proc.kill()
+            return False
+        finally:
+            self._ready_waiter = None
+            self._restarting = False
+        self.stats = {}
+        self._last_seen = time.monotonic()
+        self.num_restarts += 1
+        self.dead_reason = None
+        logger.warning("engine restarted (pid %d)", self._proc.pid)
+        return True
+
+    def _on_restart_handshake(self, kind: str, msg: dict) -> None:
+        """A ``ready`` or ``startup_error`` from a restarted engine."""
+        waiter = self._ready_waiter
+        if waiter is None or waiter.done() or msg.get("token") != self._token:
+            logger.error("dropping an unexpected %r message", kind)
+            return
+        if kind == "ready":
+            waiter.set_result(dict(msg.get("info") or {}))
+        else:
+            waiter.set_exception(EngineStartupError(f"engine failed to start: {msg.get('error')}"))
 
 
-def _child_env() -> dict[str, str]:
-    """Our environment, with this package importable in the child."""
+def _child_env(token: str) -> dict[str, str]:
+    """Our environment, with this package importable in the child and the
+    handshake ``token`` in ``PATERNOSTER_ENGINE_TOKEN``."""
     env = dict(os.environ)
+    env["PATERNOSTER_ENGINE_TOKEN"] = token
     root = str(Path(__file__).resolve().parents[2])  # the dir holding paternoster/
     parts = [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))

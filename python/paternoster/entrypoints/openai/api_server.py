@@ -7,26 +7,36 @@ GET /health (200, or 503 with the reason once the engine died), GET /stats
 (Prometheus text format; docs/metrics.md), GET /debug/timeline (the request
 timeline as a Chrome/Perfetto trace, or ``?format=snapshot`` for the raw
 snapshot; 404 when the server runs without ``--timeline-size``).
+
+Every error has the OpenAI shape (docs/errors.md), routing's 404/405 and
+unparsable bodies included. With an API key, every route except /health,
+/version and /metrics needs ``Authorization: Bearer KEY`` (401 otherwise).
+Bodies over ``max_body_bytes`` get 413 before they are parsed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import Discriminator, Tag
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from paternoster.entrypoints.engine_client import (
     EngineClient,
     EngineDeadError,
+    EngineOverloadedError,
     TimelineUnavailableError,
 )
-from paternoster.entrypoints.openai.errors import APIError, error_response
+from paternoster.entrypoints.openai.errors import APIError, error_body, error_response
 from paternoster.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -44,6 +54,7 @@ from paternoster.entrypoints.openai.protocol import (
 )
 from paternoster.entrypoints.openai.serving import ClientDisconnected, OpenAIServing
 from paternoster.metrics.server import ServerMetrics
+from paternoster.sampling_params import MAX_N
 
 logger = logging.getLogger("paternoster.server")
 
@@ -61,9 +72,127 @@ TokenizeRequest = Annotated[
 
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "bad input (the parameter is named)"},
+    401: {"model": ErrorResponse, "description": "missing or wrong API key (--api-key)"},
     404: {"model": ErrorResponse, "description": "unknown model"},
-    503: {"model": ErrorResponse, "description": "the engine is not running"},
+    413: {"model": ErrorResponse, "description": "request body too large"},
+    503: {
+        "model": ErrorResponse,
+        "description": "the engine is not running, the server is shutting down, or it is "
+        "overloaded (with Retry-After)",
+    },
 }
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_STOP = 64
+# Routes open without the API key: liveness probes and Prometheus scrapes.
+_OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Per-request limits and access control of the HTTP server.
+
+    Attributes:
+        api_key: the key clients must send as ``Authorization: Bearer KEY``
+            (``None``: no authentication).
+        max_body_bytes: largest request body in bytes (413 beyond).
+        max_n: largest ``n`` (choices per prompt), at most ``MAX_N``.
+        max_stop: most ``stop`` strings per request.
+    """
+
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_n: int = MAX_N
+    max_stop: int = DEFAULT_MAX_STOP
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        if not 1 <= self.max_n <= MAX_N:
+            raise ValueError(f"max_n must be in [1, {MAX_N}], got {self.max_n}")
+        if self.max_stop < 0:
+            raise ValueError(f"max_stop must be >= 0, got {self.max_stop}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty")
+
+    def check_request(self, body: Any) -> None:
+        """400 when a generation request's ``n`` or ``stop`` list exceeds the limits.
+
+        Raises:
+            APIError: 400 naming ``n`` or ``stop``.
+        """
+        if isinstance(body.n, int) and body.n > self.max_n:
+            raise APIError(400, f"n must be at most {self.max_n}, got {body.n}", "n")
+        if isinstance(body.stop, list) and len(body.stop) > self.max_stop:
+            raise APIError(
+                400, f"stop may hold at most {self.max_stop} strings, got {len(body.stop)}", "stop"
+            )
+
+
+class GuardMiddleware:
+    """ASGI middleware in front of every route: the API key check (401) and the
+    body size limit (413, from ``Content-Length`` or while the body arrives;
+    the body is buffered, then replayed to the app).
+
+    Args:
+        app: the wrapped ASGI app.
+        limits: the key and the size limit.
+    """
+
+    def __init__(self, app: ASGIApp, limits: ServerLimits):
+        self.app = app
+        self.limits = limits
+        key = limits.api_key
+        self._expected = f"Bearer {key}".encode() if key is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if self._expected is not None and scope.get("path") not in _OPEN_PATHS:
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                await _send_error(send, 401, "Invalid or missing API key "
+                                  "(send 'Authorization: Bearer KEY')")  # fmt: skip
+                return
+        limit = self.limits.max_body_bytes
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            await _send_error(send, 413, f"request body is larger than {limit} bytes")
+            return
+        body = bytearray()
+        while True:  # buffer the body so that an oversized chunked one is refused too
+            msg = await receive()
+            if msg["type"] != "http.request":
+                break
+            body += msg.get("body", b"")
+            if len(body) > limit:
+                await _send_error(send, 413, f"request body is larger than {limit} bytes")
+                return
+            if not msg.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
+    """Send an OpenAI-shaped JSON error straight through ASGI."""
+    payload = json.dumps(error_body(status, message)).encode()
+    await send({
+        "type": "http.response.start", "status": status,
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode())],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": payload})
 
 
 def _generation_responses(model: type) -> dict:
@@ -101,7 +230,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def build_app(
-    client: EngineClient, tokenizer: Any, served_model_name: str, chat_template: str | None = None
+    client: EngineClient,
+    tokenizer: Any,
+    served_model_name: str,
+    chat_template: str | None = None,
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
     """Create the FastAPI app over a started engine client.
 
@@ -111,6 +244,8 @@ def build_app(
         served_model_name: the model id clients must use.
         chat_template: a Jinja chat template replacing the model's own
             (``--chat-template FILE``).
+        limits: API key, body size and per-request limits (default: no key,
+            16 MiB bodies, ``n`` <= 128, 64 stop strings).
     Returns:
         The app (serve it with uvicorn); ``app.state.metrics`` is its
         :class:`ServerMetrics` (a registry of its own).
@@ -123,12 +258,25 @@ def build_app(
     serving = OpenAIServing(
         client, tokenizer, served_model_name, metrics.requests, chat_template=chat_template
     )
+    limits = limits or ServerLimits()
     app.state.serving = serving
     app.state.metrics = metrics
+    app.state.limits = limits
+    app.add_middleware(GuardMiddleware, limits=limits)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Routing's 404/405 and body parse errors, in the OpenAI shape.
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        return error_response(exc.status_code, message, headers=exc.headers)
+
+    @app.exception_handler(EngineOverloadedError)
+    async def _overloaded(_: Request, exc: EngineOverloadedError) -> JSONResponse:
+        return error_response(503, str(exc), headers={"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -150,6 +298,7 @@ def build_app(
     )  # fmt: skip
     async def completions(body: CompletionRequest, raw: Request):
         """OpenAI text completions (JSON or SSE when ``stream``)."""
+        limits.check_request(body)
         return await serving.create_completion(body, raw)
 
     @app.post(
@@ -158,17 +307,18 @@ def build_app(
     )  # fmt: skip
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
         """OpenAI chat completions through the model's chat template."""
+        limits.check_request(body)
         return await serving.create_chat_completion(body, raw)
 
     @app.post("/tokenize", responses={400: _ERRORS[400], 404: _ERRORS[404]})
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         """Token ids of a ``prompt``, or of chat ``messages`` through the chat template."""
-        return serving.tokenize(body)
+        return await serving.run_tokenizer(serving.tokenize, body)
 
     @app.post("/detokenize", responses={400: _ERRORS[400], 404: _ERRORS[404]})
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         """The text of a list of token ids."""
-        return serving.detokenize(body)
+        return await serving.run_tokenizer(serving.detokenize, body)
 
     @app.get("/version")
     async def version() -> VersionResponse:
@@ -188,9 +338,9 @@ def build_app(
     @app.get("/health")
     async def health() -> JSONResponse:
         """200 ``{"status": "ok"}``, or 503 with the reason the engine is down."""
-        if client.is_alive:
+        reason = client.unavailable_reason
+        if reason is None:
             return JSONResponse({"status": "ok"})
-        reason = client.dead_reason or "engine is not running"
         return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
 
     @app.get("/stats")
@@ -201,6 +351,8 @@ def build_app(
                 "alive": client.is_alive,
                 "dead_reason": client.dead_reason,
                 "num_in_flight": client.num_in_flight,
+                "num_waiting": client.num_waiting,
+                "num_waiting_tokens": client.num_waiting_tokens,
                 "engine_pid": client.pid,
                 "scheduler": client.info.get("scheduler"),
                 "engine": client.stats,

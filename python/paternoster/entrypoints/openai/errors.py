@@ -1,6 +1,13 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}``."""
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every error the HTTP server returns has this body, whatever raised it (our
+checks, pydantic validation, routing's 404/405, the body size limit, the API
+key check). docs/errors.md lists the statuses and when each is returned.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from fastapi.responses import JSONResponse
 
@@ -8,7 +15,12 @@ from paternoster.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 
 _TYPES = {
     400: "BadRequestError",
+    401: "AuthenticationError",
     404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
+    415: "UnsupportedMediaTypeError",
+    429: "RateLimitError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
@@ -18,27 +30,47 @@ class APIError(Exception):
     """An error to return as an OpenAI error response.
 
     Args:
-        status: HTTP status code (400, 404, 500, 503).
+        status: HTTP status code (400, 401, 404, 405, 413, 500, 503).
         message: human-readable explanation.
         param: the request field at fault, if any.
+        headers: extra response headers (e.g. ``Retry-After`` on a 503).
     """
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.headers = dict(headers or {})
+
+
+def error_type(status: int) -> str:
+    """The ``error.type`` of an HTTP status (``"APIError"`` for an unlisted one)."""
+    return _TYPES.get(status, "APIError")
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     """The JSON body of an error response (a dict)."""
-    info = ErrorInfo(message=message, type=_TYPES.get(status, "APIError"), param=param, code=status)
+    info = ErrorInfo(message=message, type=error_type(status), param=param, code=status)
     return ErrorResponse(error=info).model_dump()
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
     """An OpenAI-shaped JSON error response with HTTP status ``status``."""
-    return JSONResponse(error_body(status, message, param), status_code=status)
+    return JSONResponse(
+        error_body(status, message, param), status_code=status, headers=dict(headers or {})
+    )
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

@@ -1,6 +1,8 @@
 """Pydantic request and response models of the OpenAI-compatible API.
 
-Requests ignore unknown fields (as OpenAI does); value ranges are checked
+Requests ignore unknown fields (as OpenAI does) but their types are strict:
+no coercion of ``"yes"`` or ``1`` to a boolean, of ``"5"`` to a number (an
+integer is accepted where a float is expected); value ranges are checked
 later through :class:`~paternoster.sampling_params.SamplingParams` so the
 messages match the offline API's.
 """
@@ -14,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Request):
@@ -87,7 +89,7 @@ class TextPart(_Request):
 class ChatMessage(_Request):
     """One chat message: ``role`` and ``content`` (string or text parts)."""
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool", "function", "ipython"]
     content: str | list[TextPart] | None = None
     name: str | None = None
 

@@ -22,6 +22,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from paternoster.entrypoints.chat_utils import ChatTemplateError, render_chat
 from paternoster.entrypoints.engine_client import (
     EngineClient,
     EngineDeadError,
+    EngineOverloadedError,
     RequestRejectedError,
 )
 from paternoster.entrypoints.openai.errors import APIError, bad_request, error_body
@@ -228,6 +230,9 @@ class OpenAIServing:
         self.model_name = served_model_name
         self.chat_template = chat_template
         self.texts = TokenTexts(tokenizer)
+        # Tokenizing a long prompt must not stall other streams: one worker
+        # thread (HF fast tokenizers are not safe to call from several at once).
+        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
         info = client.info
         self.vocab_size = int(info.get("vocab_size") or len(tokenizer))
         # A sequence must fit in the model's context and in the whole KV cache.
@@ -247,7 +252,7 @@ class OpenAIServing:
             APIError: 400 bad input, 404 unknown model, 503 engine dead.
         """
         self._check_model(body.model)
-        prompts, texts = self._completion_prompts(body.prompt)
+        prompts, texts = await self.run_tokenizer(self._completion_prompts, body.prompt)
         max_tokens = body.max_tokens
         room = self.max_model_len - max(map(len, prompts))
         if max_tokens is None and room >= 1:  # else the prompt alone is too long: say so
@@ -296,7 +301,7 @@ class OpenAIServing:
             APIError: 400 bad input, 404 unknown model, 503 engine dead.
         """
         self._check_model(body.model)
-        _, ids = self._render_chat(body, body.messages)
+        _, ids = await self.run_tokenizer(self._render_chat, body, body.messages)
         max_tokens = body.max_tokens
         if body.max_completion_tokens is not None:
             max_tokens = body.max_completion_tokens
@@ -361,6 +366,12 @@ class OpenAIServing:
             )
         return DetokenizeResponse(prompt=self.tokenizer.decode(body.tokens))
 
+    async def run_tokenizer(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` (tokenization, chat templates) on the tokenizer
+        thread, off the event loop; its exceptions propagate."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, fn, *args)
+
     # --------------------------------------------------------------- inputs
 
     def _check_model_name(self, model: str | None) -> None:
@@ -370,7 +381,7 @@ class OpenAIServing:
     def _check_model(self, model: str | None) -> None:
         self._check_model_name(model)
         if not self.client.is_alive:
-            raise APIError(503, f"engine is not running: {self.client.dead_reason}")
+            raise APIError(503, f"engine is not running: {self.client.unavailable_reason}")
 
     def _start(
         self, body: Any, prompts: list[list[int]], max_tokens: int | None, prefix: str,
@@ -382,6 +393,8 @@ class OpenAIServing:
             APIError: 400 for bad sampling parameters.
         """
         params = self._sampling_params(body, max_tokens, prompts, logprobs, prompt_logprobs)
+        # EngineOverloadedError (503 with Retry-After) when the queue is full.
+        self.client.check_capacity(len(prompts) * params.n, sum(map(len, prompts)) * params.n)
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         gen = Generation(
             self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
@@ -587,7 +600,7 @@ class OpenAIServing:
                             index=d.index, text=text, logprobs=lp, finish_reason=d.finish_reason
                         )
                         yield chunk([choice])
-            except (EngineDeadError, RequestRejectedError) as e:
+            except (EngineDeadError, EngineOverloadedError, RequestRejectedError) as e:
                 yield _error_event(e)
                 yield _event("[DONE]")
                 return
@@ -598,12 +611,15 @@ class OpenAIServing:
     async def _chat_stream(self, setup: _Setup, want_logprobs: bool) -> AsyncIterator[str]:
         gen = setup.gen
         chunk = self._chunk_encoder(ChatCompletionChunk, setup)
-        for s in gen.states:
-            role = DeltaMessage(role="assistant", content="")
-            yield chunk([ChatChunkChoice(index=s.index, delta=role)])
+        role_sent = False
         async with contextlib.aclosing(gen.deltas()) as deltas:
             try:
                 async for d in deltas:
+                    if not role_sent:  # once the first token exists, as vLLM does:
+                        role_sent = True  # benchmark tools time TTFT by this chunk
+                        for s in gen.states:
+                            role = DeltaMessage(role="assistant", content="")
+                            yield chunk([ChatChunkChoice(index=s.index, delta=role)])
                     lp = None
                     if want_logprobs and d.token_ids:
                         lp = chat_logprobs(self.texts, d.token_ids, d.logprobs)
@@ -613,7 +629,7 @@ class OpenAIServing:
                             index=d.index, delta=delta, logprobs=lp, finish_reason=d.finish_reason
                         )
                         yield chunk([choice])
-            except (EngineDeadError, RequestRejectedError) as e:
+            except (EngineDeadError, EngineOverloadedError, RequestRejectedError) as e:
                 yield _error_event(e)
                 yield _event("[DONE]")
                 return
@@ -631,7 +647,7 @@ def _event(data: str) -> str:
 
 def _error_event(e: Exception) -> str:
     status = 400 if isinstance(e, RequestRejectedError) else 503
-    message = str(e) if status == 400 else f"engine is not running: {e}"
+    message = f"engine is not running: {e}" if isinstance(e, EngineDeadError) else str(e)
     return _event(json.dumps(error_body(status, message)))
 
 
