@@ -15,6 +15,9 @@ Protocol (msgpack maps, see :mod:`paternoster.engine.codec`; docs/protocol.md):
 - in ``add``      ``{"request": EngineCoreRequest.to_wire()}``
 - in ``abort``    ``{"request_ids": [str]}``
 - in ``shutdown`` ``{}``
+- in ``reset_prefix_cache`` ``{"id": int}`` — forget every cached KV block;
+  out ``reset_prefix_cache`` ``{"id": int, "num_blocks": int | None, "error": str | None}``
+  — the reply, between two steps: blocks uncached (running requests keep theirs).
 - in ``timeline`` ``{"id": int}`` — asks for the request timeline.
 - out ``timeline`` ``{"id": int, "timeline": dict | None, "error": str | None}`` — the
   reply: ``EngineCore.timeline_snapshot()`` (its newer steps and requests only
@@ -258,6 +261,14 @@ class EngineLoop:
             self._shutdown = True
         elif kind == "timeline":
             self._reply_timeline(msg.get("id"))
+        elif kind == "reset_prefix_cache":
+            reset = getattr(self.engine, "reset_prefix_cache", None)
+            if reset is None:
+                self._put(message("reset_prefix_cache", id=msg.get("id"), num_blocks=None,
+                                  error="this engine has no prefix cache"))
+            else:
+                self._put(message("reset_prefix_cache", id=msg.get("id"),
+                                  num_blocks=int(reset()), error=None))
         else:
             logger.error("dropping message of unknown type %r", kind)
 

@@ -166,8 +166,8 @@ class EngineClient:
         self._last_seen = 0.0
         self._closed = False
         self._iteration_listeners: list[Callable[[list[int]], None]] = []
-        self._timeline_waiters: dict[int, asyncio.Future] = {}
-        self._timeline_ids = itertools.count()
+        self._reply_waiters: dict[int, asyncio.Future] = {}  # timeline, reset_prefix_cache
+        self._reply_ids = itertools.count()
         self._waiting: dict[str, int] = {}  # request id -> prompt tokens, until first output
         self._waiting_tokens = 0
         self._refusing: str | None = None  # why new requests are refused (shutdown)
@@ -466,21 +466,49 @@ class EngineClient:
             EngineDeadError: the engine is (or becomes) dead or shut down.
             TimeoutError: no reply within ``timeout`` seconds.
         """
-        self._check_alive()
-        tid = next(self._timeline_ids)
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._timeline_waiters[tid] = future
-        try:
-            self._outbox.put_nowait(message("timeline", id=tid))
-            reply = await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-            raise TimeoutError(f"no timeline from the engine within {timeout} s") from None
-        finally:
-            self._timeline_waiters.pop(tid, None)
+        reply = await self._ask("timeline", timeout)
         snapshot = reply.get("timeline")
         if not isinstance(snapshot, dict):
             raise TimelineUnavailableError(str(reply.get("error") or "no timeline"))
         return snapshot
+
+    async def reset_prefix_cache(self, timeout: float = 30.0) -> int:
+        """Make the engine forget every cached KV block (running requests keep theirs).
+
+        Args:
+            timeout: seconds to wait for the reply (it comes between two steps).
+        Returns:
+            The number of blocks uncached (0 with prefix caching off).
+        Raises:
+            ValueError: the engine has no prefix cache (a test fake).
+            EngineDeadError: the engine is (or becomes) dead or shut down.
+            TimeoutError: no reply within ``timeout`` seconds.
+        """
+        reply = await self._ask("reset_prefix_cache", timeout)
+        n = reply.get("num_blocks")
+        if not isinstance(n, int):
+            raise ValueError(str(reply.get("error") or "prefix cache reset failed"))
+        return n
+
+    async def _ask(self, kind: str, timeout: float) -> dict:
+        """Send ``{"type": kind, "id": N}`` to the engine and await its reply of the
+        same type and id.
+
+        Raises:
+            EngineDeadError: the engine is (or becomes) dead or shut down.
+            TimeoutError: no reply within ``timeout`` seconds.
+        """
+        self._check_alive()
+        rid = next(self._reply_ids)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._reply_waiters[rid] = future
+        try:
+            self._outbox.put_nowait(message(kind, id=rid))
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+            raise TimeoutError(f"no {kind} reply from the engine within {timeout} s") from None
+        finally:
+            self._reply_waiters.pop(rid, None)
 
     def add_iteration_listener(self, listener: Callable[[list[int]], None]) -> None:
         """Call ``listener(tokens)`` for each ``outputs`` message: ``tokens`` holds
@@ -507,7 +535,7 @@ class EngineClient:
             self.dead_reason = reason
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(self.dead_reason))
-        for future in self._timeline_waiters.values():
+        for future in self._reply_waiters.values():
             if not future.done():
                 future.set_exception(EngineDeadError(self.dead_reason))
 
@@ -541,9 +569,9 @@ class EngineClient:
                 self.stats = dict(msg.get("stats") or {})
                 started = msg.get("step_started")
                 self._step_started = float(started) if isinstance(started, (int, float)) else None
-            elif kind == "timeline":
+            elif kind in ("timeline", "reset_prefix_cache"):
                 tid = msg.get("id")
-                future = self._timeline_waiters.get(tid) if isinstance(tid, int) else None
+                future = self._reply_waiters.get(tid) if isinstance(tid, int) else None
                 if future is not None and not future.done():
                     future.set_result(msg)
             elif kind == "fatal":

@@ -4,7 +4,8 @@ Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 POST /tokenize and POST /detokenize (vLLM's shapes), GET /version,
 GET /health (200, or 503 with the reason once the engine died), GET /stats
 (the engine's latest heartbeat stats; for tests and dashboards), GET /metrics
-(Prometheus text format; docs/metrics.md), GET /debug/timeline (the request
+(Prometheus text format; docs/metrics.md), POST /reset_prefix_cache (forget
+the cached KV blocks), GET /debug/timeline (the request
 timeline as a Chrome/Perfetto trace, or ``?format=snapshot`` for the raw
 snapshot; 404 when the server runs without ``--timeline-size``).
 
@@ -387,6 +388,20 @@ def build_app(
         # A full ring buffer is megabytes of JSON: build it off the event loop.
         body = await asyncio.to_thread(_timeline_body, snapshot, format)
         return Response(body, media_type="application/json")
+
+    @app.post("/reset_prefix_cache", responses={400: _ERRORS[400], 503: _ERRORS[503]})
+    async def reset_prefix_cache() -> JSONResponse:
+        """Forget every cached KV block (vLLM's operator endpoint), e.g. to measure
+        cold-cache latency; running requests keep their blocks. Returns
+        ``{"num_blocks_reset": N}``; 400 when the engine has no prefix cache, 503
+        when it is down."""
+        try:
+            n = await client.reset_prefix_cache()
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+        except (EngineDeadError, TimeoutError) as e:
+            raise APIError(503, f"engine unavailable: {e}") from None
+        return JSONResponse({"num_blocks_reset": n})
 
     app.openapi = lambda: _openapi_schema(app)  # FastAPI's documented override
     return app
