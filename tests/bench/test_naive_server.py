@@ -193,4 +193,7 @@ def test_concurrent_requests_are_served_one_after_the_other(url):
         t.join(60)
     assert len(spans) == 2
     first, second = sorted(spans)
-    assert second[0] > first[1]  # second's first token after first's last
+    # Second's first token after first's last. The times are taken in two client
+    # threads, so the arrivals can swap by a few ms; served side by side, the second
+    # stream would start near the first's start, a whole generation earlier.
+    assert second[0] > first[1] - 0.25 * (first[1] - first[0])
