@@ -25,36 +25,27 @@ class _EngineStatsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self._engine_stats() or {}
-        yield GaugeMetricFamily(
-            "paternoster:num_requests_running",
-            "Requests in the engine's running batch (requests).",
-            value=float(stats.get("num_running", 0)),
-        )
-        yield GaugeMetricFamily(
-            "paternoster:num_requests_waiting",
-            "Requests waiting to be scheduled, preempted ones included (requests).",
-            value=float(stats.get("num_waiting", 0)),
-        )
-        yield GaugeMetricFamily(
-            "paternoster:kv_cache_usage_perc",
-            "Fraction of KV cache blocks in use (0-1; 1 = full).",
-            value=float(stats.get("kv_cache_usage", 0.0)),
-        )
-        yield CounterMetricFamily(
-            "paternoster:num_preemptions",
-            "Requests preempted (recompute) since the engine started (preemptions).",
-            value=float(stats.get("num_preemptions_total", 0)),
-        )
-        yield CounterMetricFamily(
-            "paternoster:prefix_cache_queries",
-            "Tokens looked up in the prefix cache when requests were admitted (tokens).",
-            value=float(stats.get("prefix_cache_queries", 0)),
-        )
-        yield CounterMetricFamily(
-            "paternoster:prefix_cache_hits",
-            "Of the looked-up tokens, those found cached (tokens).",
-            value=float(stats.get("prefix_cache_hits", 0)),
-        )
+        for family, name, doc, key in _ENGINE_FAMILIES:
+            yield family(name, doc, value=float(stats.get(key, 0)))
+
+
+#: (family, metric name, help, heartbeat stats key) of the engine-side metrics.
+_ENGINE_FAMILIES: tuple[tuple[type, str, str, str], ...] = (
+    (GaugeMetricFamily, "paternoster:num_requests_running",
+     "Requests in the engine's running batch (requests).", "num_running"),
+    (GaugeMetricFamily, "paternoster:num_requests_waiting",
+     "Requests waiting to be scheduled, preempted ones included (requests).", "num_waiting"),
+    (GaugeMetricFamily, "paternoster:kv_cache_usage_perc",
+     "Fraction of KV cache blocks in use (0-1; 1 = full).", "kv_cache_usage"),
+    (CounterMetricFamily, "paternoster:num_preemptions",
+     "Requests preempted (recompute) since the engine started (preemptions).",
+     "num_preemptions_total"),
+    (CounterMetricFamily, "paternoster:prefix_cache_queries",
+     "Tokens looked up in the prefix cache when requests were admitted (tokens).",
+     "prefix_cache_queries"),
+    (CounterMetricFamily, "paternoster:prefix_cache_hits",
+     "Of the looked-up tokens, those found cached (tokens).", "prefix_cache_hits"),
+)
 
 
 class EngineMetrics:
