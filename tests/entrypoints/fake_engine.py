@@ -5,6 +5,8 @@ its finish rules (EOS, stop_token_ids, max_tokens). Behaviour knobs come from
 ``fake_engine.json`` in the model directory (all optional):
 
     tokens:        list of token ids generated in turn (default: 1000 + step)
+    echo_prompt:   generate the prompt's own tokens in turn instead (so each
+                   request's output tells which request it belongs to)
     max_model_len: context length (default 256)
     num_kv_blocks: default 64; block_size comes from the CacheConfig
     vocab_size:    default 49152
@@ -76,7 +78,9 @@ class FakeEngineCore:
                 self.arrivals.pop(rid, None)
         return outs
 
-    def _next_token(self, generated: list[int]) -> int:
+    def _next_token(self, generated: list[int], prompt: list[int] | None = None) -> int:
+        if self.opts.get("echo_prompt") and prompt:
+            return prompt[len(generated) % len(prompt)]
         tokens = self.opts.get("tokens")
         if tokens:
             return tokens[len(generated) % len(tokens)]
@@ -99,7 +103,7 @@ class FakeEngineCore:
         )
         for rid, (req, gen) in list(self.live.items()):
             arrival = self.arrivals.pop(rid, None)
-            tok = self._next_token(gen)
+            tok = self._next_token(gen, req.prompt_token_ids)
             gen.append(tok)
             sp = req.sampling_params
             eos = self.info["eos_token_id"]

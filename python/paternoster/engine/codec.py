@@ -79,6 +79,25 @@ def decode(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_FRAME_B
             msgpack or UTF-8, non-map top level, non-string map keys, ext
             types, or a ``"v"`` other than :data:`PROTOCOL_VERSION`.
     """
+    msg = unpack(frame, max_frame_bytes)
+    version = msg.get("v", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise CodecError(f"unsupported protocol version {version!r} (expected {PROTOCOL_VERSION})")
+    return msg
+
+
+def unpack(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
+    """Parse one frame into a map with string keys, without looking at ``"v"``
+    (for protocols that answer a version mismatch themselves).
+
+    Args:
+        frame: the raw bytes of one ZeroMQ frame.
+        max_frame_bytes: frames longer than this are rejected before parsing.
+    Returns:
+        The decoded map.
+    Raises:
+        CodecError: as :func:`decode`, except for the version check.
+    """
     size = len(frame)
     if size > max_frame_bytes:
         raise CodecError(f"frame is {size} bytes, over the {max_frame_bytes} limit")
@@ -96,9 +115,6 @@ def decode(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_FRAME_B
         raise CodecError(f"a message must be a map, got {type(msg).__name__}")
     if not all(isinstance(k, str) for k in msg):
         raise CodecError("message keys must be strings")
-    version = msg.get("v", PROTOCOL_VERSION)
-    if version != PROTOCOL_VERSION:
-        raise CodecError(f"unsupported protocol version {version!r} (expected {PROTOCOL_VERSION})")
     return msg
 
 

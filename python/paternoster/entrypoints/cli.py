@@ -66,6 +66,16 @@ def make_parser() -> argparse.ArgumentParser:
         "--chat-template", default=None, metavar="FILE",
         help="Jinja chat template file replacing the model's own (or supplying a missing one)",
     )  # fmt: skip
+    g.add_argument(
+        "--zmq-address", default=None, metavar="ENDPOINT",
+        help="ZeroMQ endpoint of the msgpack client protocol (docs/protocol.md), e.g. "
+             "tcp://127.0.0.1:5555; default ipc://<tmp>/paternoster-<port>.ipc; 'none' turns "
+             "it off",
+    )  # fmt: skip
+    # tests: slow-client handling with small queues and short timeouts
+    g.add_argument("--zmq-sndhwm", type=_positive_int, default=None, help=argparse.SUPPRESS)
+    g.add_argument("--zmq-slow-client-timeout", type=_positive_float, default=None,
+                   help=argparse.SUPPRESS)  # fmt: skip
     g.add_argument("--engine-cls", default=None, help=argparse.SUPPRESS)  # tests: a fake engine
     _add_hardening_args(serve)
     from paternoster.simulate.cli import add_simulate_args
@@ -209,6 +219,7 @@ async def serve(args: argparse.Namespace) -> int:
             await starting
         await client.shutdown()
         return 1
+    zmq_server = None
     try:
         name = args.served_model_name or info["model"]
         app = build_app(client, tokenizer, name, chat_template=chat_template, limits=limits)
@@ -217,12 +228,47 @@ async def serve(args: argparse.Namespace) -> int:
             name, info.get("model_dir"), app.state.serving.max_model_len,
             info.get("num_kv_blocks"), info.get("block_size"),
         )  # fmt: skip
+        zmq_server = await _start_zmq_server(app.state.serving, args)
+        if zmq_server is None and args.zmq_address not in ("none", "off"):
+            return 1
         logger.info("serving on http://%s:%d/v1", args.host, args.port)
         server = _graceful_server(app, client, args)
         await server.serve()
         return 0
     finally:
+        if zmq_server is not None:
+            await zmq_server.close()
         await client.shutdown()
+
+
+async def _start_zmq_server(serving: Any, args: argparse.Namespace) -> Any:
+    """Bind the client protocol's ROUTER socket (``--zmq-address``).
+
+    Returns:
+        The started :class:`ZmqServer`, or ``None`` when it is off or the
+        address cannot be bound (logged).
+    """
+    from paternoster.entrypoints.zmq_server import ZmqServer, default_zmq_address
+
+    if args.zmq_address in ("none", "off"):
+        return None
+    address = args.zmq_address or default_zmq_address(args.port)
+    tuning = {}
+    if args.zmq_sndhwm is not None:
+        tuning["sndhwm"] = args.zmq_sndhwm
+    if args.zmq_slow_client_timeout is not None:
+        tuning["slow_client_timeout"] = args.zmq_slow_client_timeout
+    server = ZmqServer(
+        serving, address, api_key=args.api_key, max_message_bytes=args.max_request_body_bytes,
+        max_stop=args.max_stop_sequences, **tuning,
+    )  # fmt: skip
+    try:
+        bound = await server.start()
+    except Exception as e:
+        logger.error("cannot listen on --zmq-address %s: %s", address, e)
+        return None
+    logger.info("client protocol (ZeroMQ/msgpack) on %s", bound)
+    return server
 
 
 def _graceful_server(app: Any, client: Any, args: argparse.Namespace) -> Any:

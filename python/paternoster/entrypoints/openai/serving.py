@@ -422,11 +422,7 @@ class OpenAIServing:
             ids = self.tokenizer(p).input_ids if isinstance(p, str) else list(p)
             if not ids:
                 raise bad_request("prompt must not be empty", "prompt")
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise bad_request(
-                    f"prompt token id {bad[0]} is out of range [0, {self.vocab_size})", "prompt"
-                )
+            check_prompt_ids(ids, self.vocab_size)
             out.append(ids)
             texts.append(p if isinstance(p, str) else None)
         return out, texts
@@ -520,34 +516,8 @@ class OpenAIServing:
                 skip_special_tokens=body.skip_special_tokens,
             )
         except ValueError as e:
-            m = _PARAM_RE.match(str(e))
-            raise bad_request(str(e), m.group(1) if m else None) from e
-        if any(not 0 <= t < self.vocab_size for t in params.stop_token_ids):
-            raise bad_request(f"stop_token_ids must be in [0, {self.vocab_size})", "stop_token_ids")
-        limit = self.max_model_len
-        if params.max_tokens is None:
-            if longest >= limit:
-                raise bad_request(
-                    f"This model's maximum context length is {limit} tokens, but the prompt "
-                    f"has {longest} tokens, leaving no room for the completion. "
-                    "Please reduce the length of the prompt.",
-                    "prompt",
-                )
-            if params.min_tokens > limit - longest:
-                raise bad_request(
-                    f"min_tokens ({params.min_tokens}) does not fit in the context after the "
-                    f"prompt ({longest} of {limit} tokens)",
-                    "min_tokens",
-                )
-            # fan_out gives each prompt the rest of the context.
-        elif longest + params.max_tokens > limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {longest + params.max_tokens} tokens ({longest} in the prompt, "
-                f"{params.max_tokens} for the completion). Please reduce the length of the "
-                "prompt or max_tokens.",
-                "max_tokens",
-            )
+            raise bad_request(str(e), param_of(e)) from e
+        check_model_limits(params, longest, self.max_model_len, self.vocab_size)
         return params
 
     # -------------------------------------------------------------- streams
@@ -639,6 +609,67 @@ class OpenAIServing:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def check_prompt_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> None:
+    """400 unless every prompt token id is in ``[0, vocab_size)``.
+
+    Raises:
+        APIError: 400 naming ``param``.
+    """
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_request(f"prompt token id {bad[0]} is out of range [0, {vocab_size})", param)
+
+
+def check_model_limits(
+    params: SamplingParams, prompt_len: int, max_model_len: int, vocab_size: int
+) -> None:
+    """400 when validated ``params`` do not fit the model: token ids outside the
+    vocabulary, or a prompt of ``prompt_len`` tokens plus ``max_tokens`` (or
+    ``min_tokens`` when ``max_tokens`` is ``None``) over ``max_model_len`` tokens.
+    The message gives both lengths, as OpenAI's does.
+
+    Raises:
+        APIError: 400 naming ``stop_token_ids``, ``prompt``, ``min_tokens`` or
+            ``max_tokens``.
+    """
+    if any(not 0 <= t < vocab_size for t in params.stop_token_ids):
+        raise bad_request(f"stop_token_ids must be in [0, {vocab_size})", "stop_token_ids")
+    bad = [t for t in (params.logit_bias or {}) if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_request(
+            f"logit_bias token id {bad[0]} is out of range [0, {vocab_size})", "logit_bias"
+        )
+    limit = max_model_len
+    if params.max_tokens is None:
+        if prompt_len >= limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens, but the prompt "
+                f"has {prompt_len} tokens, leaving no room for the completion. "
+                "Please reduce the length of the prompt.",
+                "prompt",
+            )
+        if params.min_tokens > limit - prompt_len:
+            raise bad_request(
+                f"min_tokens ({params.min_tokens}) does not fit in the context after the "
+                f"prompt ({prompt_len} of {limit} tokens)",
+                "min_tokens",
+            )
+    elif prompt_len + params.max_tokens > limit:
+        raise bad_request(
+            f"This model's maximum context length is {limit} tokens. However, you "
+            f"requested {prompt_len + params.max_tokens} tokens ({prompt_len} in the prompt, "
+            f"{params.max_tokens} for the completion). Please reduce the length of the "
+            "prompt or max_tokens.",
+            "max_tokens",
+        )
+
+
+def param_of(error: ValueError) -> str | None:
+    """The parameter a :class:`SamplingParams` ``ValueError`` names (its first word)."""
+    m = _PARAM_RE.match(str(error))
+    return m.group(1) if m else None
 
 
 def _event(data: str) -> str:

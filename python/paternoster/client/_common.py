@@ -1,0 +1,233 @@
+"""What the sync and asyncio clients share: request building, result types,
+errors, and the socket set-up (docs/protocol.md, "Client protocol")."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+
+from paternoster.client import protocol as p
+
+_ids = itertools.count()
+
+
+class ClientError(Exception):
+    """An ``error`` message from the server.
+
+    Attributes:
+        code: the error code (:mod:`paternoster.client.protocol`, e.g. ``bad_request``).
+        message: the server's explanation.
+        param: the field at fault, when there is one (e.g. ``sampling.temperature``).
+        request_id: the request it ends, when it ends one.
+    """
+
+    def __init__(self, code: str, message: str, param: str | None = None,
+                 request_id: str | None = None):  # fmt: skip
+        super().__init__(f"[{code}] {message}")
+        self.code = code
+        self.message = message
+        self.param = param
+        self.request_id = request_id
+
+
+class BadRequestError(ClientError):
+    """The server refused the request's content (``bad_request``, ``duplicate_id``)."""
+
+
+class OverloadedError(ClientError):
+    """The server's waiting queue is full (``overloaded``) or this connection has
+    too many requests in flight (``too_many_requests``). ``retry_after`` is in s."""
+
+    def __init__(self, *args: Any, retry_after: float | None = None):
+        super().__init__(*args)
+        self.retry_after = retry_after
+
+
+class EngineUnavailableError(ClientError):
+    """The engine is dead, restarting or the server is shutting down."""
+
+
+class ProtocolError(ClientError):
+    """The server could not read a message, the versions differ, or the
+    handshake failed (``unauthorized``: wrong API key)."""
+
+
+_ERROR_CLASSES = {
+    p.BAD_REQUEST: BadRequestError, p.DUPLICATE_ID: BadRequestError,
+    p.OVERLOADED: OverloadedError, p.TOO_MANY_REQUESTS: OverloadedError,
+    p.ENGINE_UNAVAILABLE: EngineUnavailableError,
+}  # fmt: skip
+
+
+def error_from(msg: dict) -> ClientError:
+    """The :class:`ClientError` subclass for an ``error`` message."""
+    code = str(msg.get("code", p.INTERNAL))
+    cls = _ERROR_CLASSES.get(code, ProtocolError)
+    args = (code, str(msg.get("message", "")), msg.get("param"), msg.get("id"))
+    if cls is OverloadedError:
+        return OverloadedError(*args, retry_after=msg.get("retry_after"))
+    return cls(*args)
+
+
+@dataclass
+class Usage:
+    """Token counts of one request (tokens)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass
+class Delta:
+    """One piece of a streamed request, in order. The last has ``finish_reason``
+    (``stop``, ``length`` or ``abort``), ``stop_reason`` and ``usage`` set.
+
+    Attributes:
+        request_id: the request's id.
+        text: new text (may be empty while text is held back).
+        token_ids: new token ids.
+        logprobs: ``[token_logprobs, top_token_ids, top_logprobs]`` of ``token_ids``
+            when the request asked for ``logprobs``.
+    """
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    usage: Usage | None = None
+    logprobs: list | None = None
+
+
+@dataclass
+class Completion:
+    """The result of a request run to its end.
+
+    Attributes:
+        request_id: the request's id.
+        text: the generated text (without the stop string, unless asked).
+        token_ids: every generated token, including a final EOS/stop token.
+        finish_reason: ``stop``, ``length`` or ``abort``.
+        stop_reason: the stop string or stop token id that ended it, if any.
+        usage: token counts.
+        logprobs: ``[token_logprobs, top_token_ids, top_logprobs]`` (when asked).
+        prompt_logprobs: the same for prompt tokens ``1..P-1`` (when asked).
+    """
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stop_reason: int | str | None = None
+    usage: Usage = field(default_factory=Usage)
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
+
+
+def generate_message(
+    prompt: str | None, prompt_token_ids: list[int] | None, request_id: str | None,
+    stream: bool, priority: int, add_special_tokens: bool, sampling: dict[str, Any],
+) -> tuple[str, dict]:
+    """A ``generate`` message and its id (``request_id`` or a fresh unique one).
+
+    Raises:
+        ValueError: neither or both of ``prompt`` and ``prompt_token_ids``, or an
+            unknown sampling field (the names are :data:`protocol.SAMPLING_FIELDS`).
+    """
+    if (prompt is None) == (prompt_token_ids is None):
+        raise ValueError("give exactly one of prompt and prompt_token_ids")
+    unknown = sorted(set(sampling) - set(p.SAMPLING_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown sampling fields {unknown}; known: {list(p.SAMPLING_FIELDS)}")
+    rid = request_id if request_id is not None else f"c{os.getpid()}-{next(_ids)}"
+    fields: dict[str, Any] = {"id": rid, "stream": stream, "priority": priority,
+                              "sampling": {k: v for k, v in sampling.items() if v is not None}}
+    if prompt is not None:
+        fields["prompt"] = prompt
+        fields["add_special_tokens"] = add_special_tokens
+    else:
+        fields["prompt_token_ids"] = [int(t) for t in prompt_token_ids]
+    return rid, p.message(p.GENERATE, **fields)
+
+
+def delta_from(msg: dict) -> Delta:
+    """A :class:`Delta` from a ``delta`` or ``final`` message."""
+    usage = msg.get("usage")
+    return Delta(
+        msg["id"], msg.get("text", ""), list(msg.get("token_ids", [])),
+        msg.get("finish_reason"), msg.get("stop_reason"),
+        Usage(**usage) if isinstance(usage, dict) else None, msg.get("logprobs"),
+    )  # fmt: skip
+
+
+class Accumulator:
+    """Joins a request's deltas and final into a :class:`Completion`."""
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list | None = None
+
+    def add(self, msg: dict) -> Completion | None:
+        """Take a ``delta`` or ``final``; the :class:`Completion` after the final."""
+        self.text.append(msg.get("text", ""))
+        self.token_ids.extend(msg.get("token_ids", []))
+        lp = msg.get("logprobs")
+        if lp is not None:
+            if self.logprobs is None:
+                self.logprobs = [[], [], []]
+            for mine, more in zip(self.logprobs, lp):
+                mine.extend(more)
+        if msg["type"] != p.FINAL:
+            return None
+        usage = msg.get("usage")
+        return Completion(
+            self.request_id, "".join(self.text), self.token_ids, msg.get("finish_reason", ""),
+            msg.get("stop_reason"), Usage(**usage) if isinstance(usage, dict) else Usage(),
+            self.logprobs, msg.get("prompt_logprobs"),
+        )  # fmt: skip
+
+
+def pack(msg: dict) -> bytes:
+    """One message as a msgpack frame."""
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def unpack(frame: bytes, max_bytes: int) -> dict:
+    """Decode a frame from the server.
+
+    Raises:
+        ProtocolError: not a msgpack map, or larger than ``max_bytes``.
+    """
+    if len(frame) > max_bytes:
+        raise ProtocolError(p.MESSAGE_TOO_LARGE, f"server message of {len(frame)} bytes")
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True,
+                              ext_hook=_no_ext)  # fmt: skip
+    except Exception as e:
+        raise ProtocolError(p.MALFORMED_MESSAGE, f"unreadable server message: {e}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError(p.MALFORMED_MESSAGE, "server message is not a typed map")
+    return msg
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code}")
+
+
+def configure(sock: zmq.Socket, max_message_bytes: int) -> None:
+    """Socket options of a client DEALER: no linger, bounded incoming frames."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+
+
+def hello_message(api_key: str | None, client_name: str | None) -> dict:
+    """The ``hello`` handshake message."""
+    return p.message(p.HELLO, api_key=api_key, client=client_name)

@@ -1,0 +1,588 @@
+"""The public ZeroMQ/msgpack client protocol's server (docs/protocol.md, "Client
+protocol").
+
+:class:`ZmqServer` binds a ROUTER socket next to the HTTP server, in the same
+process and event loop, and serves ``generate``, ``abort``, ``models`` and
+``health`` from DEALER clients. It shares the HTTP server's tokenizer thread,
+validation, output processing (detokenization, stop strings) and metrics, so a
+request behaves the same whichever way it came in.
+
+Guarantees (docs/protocol.md): every accepted ``generate`` gets exactly one
+final message (``final`` or ``error`` with its id), as long as the client
+keeps its connection and reads; deltas of a request arrive in order; a
+malformed or refused message gets an ``error`` and never disturbs other
+clients. Frames are size-checked before they are decoded.
+
+Slow clients: sends never block. When a client's queue on the socket is full
+(``SNDHWM`` messages), further messages wait in a per-client backlog where the
+deltas of one request merge into one; a client whose backlog exceeds
+``max_backlog_bytes``, or that read nothing for ``slow_client_timeout``
+seconds while messages waited, has its requests aborted with ``slow_client``.
+A client that disconnected is noticed at the next send (ZeroMQ reports the
+peer gone) and its requests are aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from paternoster.client import protocol as p
+from paternoster.engine.codec import CodecError, encode, unpack
+from paternoster.entrypoints.engine_client import (
+    EngineDeadError,
+    EngineOverloadedError,
+    RequestRejectedError,
+)
+from paternoster.entrypoints.openai.errors import APIError
+from paternoster.entrypoints.openai.serving import (
+    Generation,
+    OpenAIServing,
+    check_model_limits,
+    check_prompt_ids,
+    param_of,
+)
+from paternoster.entrypoints.zmq_messages import Generate, Hello, MessageError, parse
+from paternoster.outputs import ChoiceDelta
+from paternoster.sampling_params import SamplingParams
+
+logger = logging.getLogger("paternoster.zmq")
+
+DEFAULT_SNDHWM = 10_000  # messages queued per client in ZeroMQ before the backlog
+DEFAULT_MAX_BACKLOG_BYTES = 64 * 1024 * 1024
+DEFAULT_SLOW_CLIENT_TIMEOUT = 60.0
+MAX_CONNECTIONS = 10_000  # idle connection state kept at most (oldest idle dropped)
+_FLUSH_PERIOD_S = 0.005
+
+
+def default_zmq_address(http_port: int) -> str:
+    """``ipc://<tmpdir>/paternoster-<http_port>.ipc``: one socket per server."""
+    return f"ipc://{tempfile.gettempdir()}/paternoster-{http_port}.ipc"
+
+
+@dataclass
+class _Peer:
+    """One client connection (a DEALER identity) and what the server holds for it."""
+
+    identity: bytes
+    envelope: list[bytes]  # frames between identity and body, mirrored back ([] or [b""])
+    welcomed: bool = False
+    requests: dict[str, asyncio.Task] = field(default_factory=dict)
+    backlog: deque = field(default_factory=deque)  # messages ZeroMQ could not take yet
+    backlog_deltas: dict[str, dict] = field(default_factory=dict)  # id -> its pending delta
+    backlog_bytes: int = 0
+    blocked_since: float | None = None  # monotonic s of the first message in the backlog
+    last_seen: float = 0.0
+    gone: bool = False
+
+
+class ZmqServer:
+    """Serves the client protocol on one ROUTER socket.
+
+    Args:
+        serving: the HTTP server's :class:`OpenAIServing` (engine client,
+            tokenizer, metrics, model limits).
+        address: a ZeroMQ endpoint to bind (``tcp://127.0.0.1:5555``,
+            ``ipc:///path``; ``tcp://127.0.0.1:0`` picks a free port).
+        api_key: when set, ``hello`` must carry it (``unauthorized`` otherwise).
+        max_message_bytes: larger frames get ``message_too_large`` unread;
+            frames over 4x this are dropped by ZeroMQ (``MAXMSGSIZE``), which
+            closes the sender's connection.
+        max_in_flight: generate requests in flight per connection.
+        max_stop: most stop strings per request.
+        max_request_id_bytes: longest request id (UTF-8 bytes).
+        sndhwm: messages ZeroMQ queues per client before the backlog takes over.
+        max_backlog_bytes: a client's backlog beyond this aborts its requests
+            (``slow_client``).
+        slow_client_timeout: seconds a client may leave its backlog unread
+            before its requests are aborted (``slow_client``).
+    """
+
+    def __init__(
+        self,
+        serving: OpenAIServing,
+        address: str,
+        api_key: str | None = None,
+        max_message_bytes: int = p.DEFAULT_MAX_MESSAGE_BYTES,
+        max_in_flight: int = p.DEFAULT_MAX_IN_FLIGHT,
+        max_stop: int = 64,
+        max_request_id_bytes: int = p.MAX_REQUEST_ID_BYTES,
+        sndhwm: int = DEFAULT_SNDHWM,
+        max_backlog_bytes: int = DEFAULT_MAX_BACKLOG_BYTES,
+        slow_client_timeout: float = DEFAULT_SLOW_CLIENT_TIMEOUT,
+    ):
+        for name, value in (
+            ("max_message_bytes", max_message_bytes), ("max_in_flight", max_in_flight),
+            ("max_request_id_bytes", max_request_id_bytes), ("sndhwm", sndhwm),
+            ("max_backlog_bytes", max_backlog_bytes),
+            ("slow_client_timeout", slow_client_timeout),
+        ):  # fmt: skip
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        self.serving = serving
+        self.address = address
+        self.api_key = api_key
+        self.max_message_bytes = max_message_bytes
+        self.max_in_flight = max_in_flight
+        self.max_stop = max_stop
+        self.max_request_id_bytes = max_request_id_bytes
+        self.sndhwm = sndhwm
+        self.max_backlog_bytes = max_backlog_bytes
+        self.slow_client_timeout = slow_client_timeout
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._peers: dict[bytes, _Peer] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._flush_wakeup = asyncio.Event()
+
+    # ----------------------------------------------------------------- life
+
+    async def start(self) -> str:
+        """Bind the socket and start serving.
+
+        Returns:
+            The bound endpoint (``tcp://...:0`` resolved to the real port).
+        Raises:
+            zmq.ZMQError: the address cannot be bound (in use, bad path).
+        """
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable sends raise, not vanish
+        sock.setsockopt(zmq.SNDHWM, self.sndhwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, 4 * self.max_message_bytes)
+        try:
+            sock.bind(self.address)
+        except zmq.ZMQError:
+            sock.close(0)
+            self._ctx.destroy(0)
+            self._ctx = None
+            raise
+        self._sock = sock
+        self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self.address.startswith("ipc://"):
+            # only this user may connect (the socket file would follow the umask)
+            with contextlib.suppress(OSError):
+                os.chmod(self.address[len("ipc://"):], 0o600)
+        self._tasks = [asyncio.create_task(self._recv_loop()),
+                       asyncio.create_task(self._flush_loop())]  # fmt: skip
+        return self.address
+
+    async def close(self) -> None:
+        """Abort every request of every client, stop and unbind. Idempotent."""
+        for peer in self._peers.values():
+            for task in peer.requests.values():
+                task.cancel()
+        for task in [t for peer in self._peers.values() for t in peer.requests.values()]:
+            with contextlib.suppress(BaseException):
+                await task
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        self._tasks = []
+        self._peers.clear()
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+        if self.address.startswith("ipc://"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.address[len("ipc://"):])
+
+    @property
+    def num_in_flight(self) -> int:
+        """Generate requests in flight over all connections."""
+        return sum(len(peer.requests) for peer in self._peers.values())
+
+    # -------------------------------------------------------------- receive
+
+    async def _recv_loop(self) -> None:
+        while True:
+            frames = await self._sock.recv_multipart(copy=False)
+            try:
+                self._on_frames(frames)
+            except Exception:  # one message must never stop the loop
+                logger.exception("error handling a client message")
+
+    def _on_frames(self, frames: list) -> None:
+        identity = bytes(frames[0].buffer)
+        parts = frames[1:]
+        envelope: list[bytes] = []
+        if len(parts) == 2 and len(parts[0].buffer) == 0:  # REQ-style empty delimiter
+            envelope, parts = [b""], parts[1:]
+        peer = self._peer(identity, envelope)
+        if len(parts) != 1:
+            self._send(peer, _error(p.MALFORMED_MESSAGE,
+                                    f"expected one body frame, got {len(parts)}"))  # fmt: skip
+            return
+        body = parts[0].buffer
+        if len(body) > self.max_message_bytes:
+            self._send(peer, _error(
+                p.MESSAGE_TOO_LARGE,
+                f"message is {len(body)} bytes, over the {self.max_message_bytes} limit",
+            ))  # fmt: skip
+            return
+        try:
+            msg = unpack(body, self.max_message_bytes)
+            parsed = parse(msg, self.max_request_id_bytes)
+        except CodecError as e:
+            self._send(peer, _error(p.MALFORMED_MESSAGE, str(e)))
+            return
+        except MessageError as e:
+            self._send(peer, _error(e.code, str(e), e.param, e.request_id))
+            return
+        kind = parsed.type
+        if isinstance(parsed, Hello):
+            self._on_hello(peer, parsed)
+        elif not peer.welcomed:
+            self._send(peer, _error(p.HANDSHAKE_REQUIRED,
+                                    "send a hello message first (docs/protocol.md)",
+                                    request_id=getattr(parsed, "id", None)))  # fmt: skip
+        elif kind == p.GENERATE:
+            self._on_generate(peer, parsed)
+        elif kind == p.ABORT:
+            task = peer.requests.get(parsed.id)
+            if task is not None:
+                task.cancel()  # its final (finish_reason "abort") is sent by the task
+        elif kind == p.MODELS:
+            self._send(peer, p.message(p.MODELS, id=parsed.id, data=[self._model_card()]))
+        elif kind == p.HEALTH:
+            reason = self.serving.client.unavailable_reason
+            status = "ok" if reason is None else "unhealthy"
+            self._send(peer, p.message(p.HEALTH, id=parsed.id, status=status, reason=reason))
+
+    def _peer(self, identity: bytes, envelope: list[bytes]) -> _Peer:
+        peer = self._peers.get(identity)
+        if peer is None:
+            if len(self._peers) >= MAX_CONNECTIONS:
+                self._drop_idle_peers()
+            peer = self._peers[identity] = _Peer(identity, envelope)
+        peer.envelope = envelope
+        peer.last_seen = time.monotonic()
+        return peer
+
+    def _drop_idle_peers(self) -> None:
+        """Forget the older half of the connections with nothing in flight."""
+        idle = sorted((q for q in self._peers.values() if not q.requests and not q.backlog),
+                      key=lambda q: q.last_seen)  # fmt: skip
+        for q in idle[: max(1, len(idle) // 2)]:
+            del self._peers[q.identity]
+
+    def _on_hello(self, peer: _Peer, hello: Hello) -> None:
+        if self.api_key is not None and not hmac.compare_digest(
+            (hello.api_key or "").encode(), self.api_key.encode()
+        ):
+            peer.welcomed = False
+            self._send(peer, _error(p.UNAUTHORIZED, "invalid or missing api_key in hello"))
+            return
+        from paternoster import __version__
+
+        peer.welcomed = True
+        self._send(peer, p.message(
+            p.WELCOME, server="paternoster", server_version=__version__,
+            model=self.serving.model_name, max_model_len=self.serving.max_model_len,
+            max_message_bytes=self.max_message_bytes, max_in_flight=self.max_in_flight,
+            max_request_id_bytes=self.max_request_id_bytes,
+        ))  # fmt: skip
+
+    def _model_card(self) -> dict:
+        return {"id": self.serving.model_name, "max_model_len": self.serving.max_model_len}
+
+    # ------------------------------------------------------------- generate
+
+    def _on_generate(self, peer: _Peer, msg: Generate) -> None:
+        rid = msg.id
+        if rid in peer.requests:
+            self._send(peer, _error(p.DUPLICATE_ID, f"request id {rid!r} is already in flight "
+                                    "on this connection", "id", rid))  # fmt: skip
+            return
+        if len(peer.requests) >= self.max_in_flight:
+            self._send(peer, _error(
+                p.TOO_MANY_REQUESTS,
+                f"this connection has {len(peer.requests)} requests in flight (limit "
+                f"{self.max_in_flight})", request_id=rid,
+            ))  # fmt: skip
+            return
+        if (msg.prompt is None) == (msg.prompt_token_ids is None):
+            self._send(peer, _error(p.BAD_REQUEST, "give exactly one of prompt and "
+                                    "prompt_token_ids", "prompt", rid))  # fmt: skip
+            return
+        if len(msg.sampling.stop) > self.max_stop:
+            self._send(peer, _error(
+                p.BAD_REQUEST, f"stop may hold at most {self.max_stop} strings, got "
+                f"{len(msg.sampling.stop)}", "sampling.stop", rid,
+            ))  # fmt: skip
+            return
+        peer.requests[rid] = asyncio.create_task(self._run(peer, msg))
+
+    async def _run(self, peer: _Peer, msg: Generate) -> None:
+        """One request from validation to its final message (exactly one, unless
+        the request was taken from ``peer.requests`` by :meth:`_fail_slow` or
+        :meth:`_on_gone`, which answer for it)."""
+        rid = msg.id
+        gen: Generation | None = None
+        final: dict
+        try:
+            gen = await self._start(msg)
+            final = _error(p.INTERNAL, "request ended without a result", request_id=rid)
+            async with contextlib.aclosing(gen.deltas()) as deltas:
+                async for d in deltas:
+                    if d.finish_reason is not None:
+                        final = self._final(rid, gen, d if msg.stream else None)
+                        break
+                    if msg.stream and (d.text or d.token_ids):
+                        self._send(peer, _delta(rid, d))
+        except asyncio.CancelledError:  # abort message, or the server is closing
+            final = self._final(rid, gen, None, "abort", msg.stream)
+        except MessageError as e:
+            final = _error(e.code, str(e), e.param, rid)
+        except APIError as e:
+            final = _error(p.BAD_REQUEST, e.message, e.param, rid)
+        except EngineOverloadedError as e:
+            final = _error(p.OVERLOADED, str(e), request_id=rid, retry_after=e.retry_after)
+        except RequestRejectedError as e:
+            final = _error(p.BAD_REQUEST, str(e), request_id=rid)
+        except EngineDeadError as e:
+            final = _error(p.ENGINE_UNAVAILABLE, f"engine is not running: {e}", request_id=rid)
+        except Exception as e:
+            logger.exception("request %s failed", rid)
+            final = _error(p.INTERNAL, f"internal error: {type(e).__name__}", request_id=rid)
+        if peer.requests.get(rid) is asyncio.current_task():
+            self._send(peer, final)
+            del peer.requests[rid]
+
+    async def _start(self, msg: Generate) -> Generation:
+        """Tokenize and validate ``msg`` into a :class:`Generation`.
+
+        Raises:
+            APIError: 400 (bad sampling or prompt) or 503 (engine down).
+            EngineOverloadedError: the waiting queue is full.
+        """
+        serving = self.serving
+        if not serving.client.is_alive:
+            raise EngineDeadError(serving.client.unavailable_reason or "engine is not running")
+        if msg.prompt is not None:
+            try:
+                msg.prompt.encode("utf-8")
+            except UnicodeEncodeError:
+                raise MessageError(p.BAD_REQUEST, "prompt is not valid Unicode text",
+                                   "prompt") from None  # fmt: skip
+            ids = await serving.run_tokenizer(
+                lambda: list(serving.tokenizer(
+                    msg.prompt, add_special_tokens=msg.add_special_tokens
+                ).input_ids)  # fmt: skip
+            )
+            param = "prompt"
+        else:
+            ids, param = list(msg.prompt_token_ids or []), "prompt_token_ids"
+        if not ids:
+            raise MessageError(p.BAD_REQUEST, f"{param} must not be empty", param)
+        check_prompt_ids(ids, serving.vocab_size, param)
+        try:
+            params = SamplingParams(n=1, **msg.sampling.model_dump())
+        except ValueError as e:
+            name = param_of(e)
+            raise MessageError(p.BAD_REQUEST, str(e), name and f"sampling.{name}") from None
+        try:
+            check_model_limits(params, len(ids), serving.max_model_len, serving.vocab_size)
+        except APIError as e:
+            name = e.param if e.param in ("prompt", None) else f"sampling.{e.param}"
+            raise MessageError(p.BAD_REQUEST, e.message, name) from None
+        serving.client.check_capacity(1, len(ids))
+        return Generation(
+            serving.client, serving.tokenizer, f"zmq-{uuid.uuid4().hex}", [ids], params,
+            serving.max_model_len, msg.priority, serving.metrics,
+        )  # fmt: skip
+
+    def _final(self, rid: str, gen: Generation | None, last: ChoiceDelta | None,
+               reason: str | None = None, streamed: bool = False) -> dict:  # fmt: skip
+        """The ``final`` message: the text and tokens not sent in a delta (with
+        ``last``, the stream's last piece; without, everything unless
+        ``streamed``), the finish reason (``reason`` overrides) and usage."""
+        if gen is None:  # aborted before it reached the engine
+            usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+            return p.message(p.FINAL, id=rid, text="", token_ids=[], finish_reason=reason,
+                             usage=usage)  # fmt: skip
+        state = gen.states[0]
+        u = gen.usage()
+        fields: dict[str, Any] = {}
+        if last is not None:
+            text, token_ids, lp = last.text, list(last.token_ids), last.logprobs
+        elif streamed:
+            text, token_ids, lp = "", [], None
+        else:
+            text, token_ids, lp = state.text, list(state.token_ids), state.logprobs
+        if lp is not None:
+            fields["logprobs"] = lp.to_wire()
+        if state.prompt_logprobs is not None:
+            fields["prompt_logprobs"] = state.prompt_logprobs.to_wire()
+        return p.message(
+            p.FINAL, id=rid, text=text, token_ids=token_ids,
+            finish_reason=reason or state.finish_reason, stop_reason=state.stop_reason,
+            usage={"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                   "total_tokens": u.total_tokens},
+            **fields,
+        )  # fmt: skip
+
+    # ----------------------------------------------------------------- send
+
+    def _send(self, peer: _Peer, msg: dict) -> None:
+        """Queue ``msg`` for ``peer``: straight to ZeroMQ when its queue has room,
+        else into the peer's backlog (deltas of one request merged)."""
+        if peer.gone:
+            return
+        if msg["type"] in (p.DELTA, p.FINAL) and msg["id"] not in peer.requests:
+            return  # a request taken away by _fail_slow: its error is its final
+        if peer.backlog:
+            self._enqueue(peer, msg)
+            return
+        self._try_send(peer, msg)
+
+    def _try_send(self, peer: _Peer, msg: dict) -> bool:
+        try:
+            frame = encode(msg, 4 * self.max_message_bytes)
+        except CodecError as e:  # cannot happen for our own messages; never crash the loop
+            logger.error("cannot encode a reply: %s", e)
+            return True
+        try:
+            self._sock.send_multipart([peer.identity, *peer.envelope, frame], flags=zmq.DONTWAIT)
+        except zmq.Again:
+            self._enqueue(peer, msg)
+            return False
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                self._on_gone(peer)
+                return False
+            raise
+        return True
+
+    def _enqueue(self, peer: _Peer, msg: dict) -> None:
+        """Append ``msg`` to the backlog, merged into its request's pending delta
+        when there is one; fail the client once the backlog is too big."""
+        rid = msg.get("id")
+        pending = peer.backlog_deltas.get(rid) if isinstance(rid, str) else None
+        if msg["type"] == p.DELTA and pending is not None:
+            pending["text"] += msg["text"]
+            pending["token_ids"].extend(msg["token_ids"])
+            if "logprobs" in msg and "logprobs" in pending:
+                for mine, more in zip(pending["logprobs"], msg["logprobs"]):
+                    mine.extend(more)
+            peer.backlog_bytes += _size(msg) - _size_overhead
+        else:
+            peer.backlog.append(msg)
+            peer.backlog_bytes += _size(msg)
+            if msg["type"] == p.DELTA:
+                peer.backlog_deltas[rid] = msg
+            elif isinstance(rid, str):
+                peer.backlog_deltas.pop(rid, None)  # its final: nothing merges past it
+        if peer.blocked_since is None:
+            peer.blocked_since = time.monotonic()
+        if peer.backlog_bytes > self.max_backlog_bytes:
+            self._fail_slow(peer, f"backlog over {self.max_backlog_bytes} bytes")
+        self._flush_wakeup.set()
+
+    def _fail_slow(self, peer: _Peer, why: str) -> None:
+        """Abort ``peer``'s requests; each gets a ``slow_client`` error as its
+        final, queued after the finals already waiting (pending deltas are dropped)."""
+        logger.warning("client is not reading (%s): aborting its %d requests", why,
+                       len(peer.requests))  # fmt: skip
+        failed = sorted(peer.requests)
+        for task in peer.requests.values():
+            task.cancel()
+        peer.requests.clear()  # the tasks see they were taken and send nothing
+        kept = [m for m in peer.backlog if m["type"] != p.DELTA]
+        kept += [_error(p.SLOW_CLIENT, f"the client did not read its messages: {why}",
+                        request_id=rid) for rid in failed]  # fmt: skip
+        peer.backlog = deque(kept)
+        peer.backlog_deltas.clear()
+        peer.backlog_bytes = sum(map(_size, kept))
+        peer.blocked_since = time.monotonic()
+
+    def _on_gone(self, peer: _Peer) -> None:
+        """The client disconnected: abort its requests and forget it."""
+        peer.gone = True
+        for task in peer.requests.values():
+            task.cancel()
+        peer.requests.clear()
+        peer.backlog.clear()
+        peer.backlog_deltas.clear()
+        if self._peers.get(peer.identity) is peer:
+            del self._peers[peer.identity]
+
+    async def _flush_loop(self) -> None:
+        """Retry the backlogs every few ms while any client has one."""
+        while True:
+            await self._flush_wakeup.wait()
+            self._flush_wakeup.clear()
+            while any(q.backlog for q in self._peers.values()):
+                for peer in [q for q in self._peers.values() if q.backlog]:
+                    self._flush(peer)
+                await asyncio.sleep(_FLUSH_PERIOD_S)
+
+    def _flush(self, peer: _Peer) -> None:
+        """Send what ZeroMQ takes of ``peer``'s backlog; enforce the slow-client timeout."""
+        while peer.backlog and not peer.gone:
+            msg = peer.backlog[0]
+            try:
+                frame = encode(msg, 4 * self.max_message_bytes)
+            except CodecError as e:
+                logger.error("cannot encode a reply: %s", e)
+                frame = None
+            if frame is not None:
+                try:
+                    self._sock.send_multipart([peer.identity, *peer.envelope, frame],
+                                              flags=zmq.DONTWAIT)  # fmt: skip
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as e:
+                    if e.errno != zmq.EHOSTUNREACH:
+                        raise
+                    self._on_gone(peer)
+                    return
+            peer.backlog.popleft()
+            peer.backlog_bytes -= _size(msg)
+            if peer.backlog_deltas.get(msg.get("id")) is msg:
+                del peer.backlog_deltas[msg["id"]]
+            peer.blocked_since = time.monotonic()  # the client is reading
+        if not peer.backlog:
+            peer.blocked_since, peer.backlog_bytes = None, 0
+        elif time.monotonic() - peer.blocked_since > self.slow_client_timeout:
+            if peer.requests:
+                self._fail_slow(peer, f"nothing read for {self.slow_client_timeout:g} s")
+            else:  # only finals are left and nobody reads them
+                self._on_gone(peer)
+
+
+# ------------------------------------------------------------------ messages
+
+
+def _error(code: str, message: str, param: str | None = None, request_id: str | None = None,
+           **extra: Any) -> dict:  # fmt: skip
+    return p.message(p.ERROR, id=request_id, code=code, message=message, param=param, **extra)
+
+
+_size_overhead = 64  # bytes counted per message in a backlog, besides text and token ids
+
+
+def _size(msg: dict) -> int:
+    """Approximate bytes of a message in a backlog."""
+    return _size_overhead + len(msg.get("text", "")) + 8 * len(msg.get("token_ids", ()))
+
+
+def _delta(rid: str, d: ChoiceDelta) -> dict:
+    fields = {"logprobs": d.logprobs.to_wire()} if d.logprobs is not None else {}
+    return p.message(p.DELTA, id=rid, text=d.text, token_ids=list(d.token_ids), **fields)
+

@@ -1,0 +1,83 @@
+"""The client protocol on the real default model (float32) against HF
+transformers' own greedy ``generate`` and forward: tokens, text, logprobs, and
+several requests batched together."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from paternoster.client import AsyncClient, Client
+from tests.entrypoints.utils import free_port, start_server
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a lift,"]
+N = 12
+ATOL = 2e-3  # our CPU kernels vs HF's forward, both float32
+
+
+@pytest.fixture(scope="module")
+def address(default_model_path):
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    with start_server(
+        str(default_model_path), "--dtype", "float32", "--num-kv-blocks", "256",
+        "--max-model-len", "1024", "--zmq-address", addr,
+    ):  # fmt: skip
+        yield addr
+
+
+@pytest.fixture(scope="module")
+def hf(default_model_path):
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    return AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_model_path))
+
+
+def hf_greedy(hf, ids: list[int]) -> tuple[list[int], torch.Tensor]:
+    """HF's greedy continuation of ``ids`` (N tokens) and log_softmax of its logits."""
+    with torch.inference_mode():
+        inp = torch.tensor([ids])
+        out = hf.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=N,
+                          min_new_tokens=N, do_sample=False, output_logits=True,
+                          return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+    logits = torch.cat([x.float() for x in out.logits])
+    return out.sequences[0, len(ids):].tolist(), torch.log_softmax(logits, dim=-1)
+
+
+def test_greedy_tokens_and_logprobs_match_hf(address, hf, tokenizer):
+    ids = tokenizer(PROMPTS[0]).input_ids
+    ref, ref_lp = hf_greedy(hf, ids)
+    with Client(address, timeout=60) as c:
+        done = c.generate(PROMPTS[0], max_tokens=N, temperature=0, ignore_eos=True, logprobs=2)
+        pieces = list(c.stream(prompt_token_ids=ids, max_tokens=N, temperature=0,
+                               ignore_eos=True))  # fmt: skip
+    assert done.token_ids == ref
+    assert done.text == tokenizer.decode(ref, skip_special_tokens=True)
+    assert [t for d in pieces for t in d.token_ids] == ref
+    token_lps, top_ids, top_lps = done.logprobs
+    want = ref_lp[torch.arange(N), torch.tensor(ref)]
+    assert torch.allclose(torch.tensor(token_lps), want, atol=ATOL)
+    assert [row[0] for row in top_ids] == ref  # greedy: the chosen token is the most likely
+    assert torch.allclose(torch.tensor(top_lps)[:, 0], want, atol=ATOL)
+
+
+def test_concurrent_requests_each_match_hf(address, hf, tokenizer):
+    refs = [hf_greedy(hf, tokenizer(p).input_ids)[0] for p in PROMPTS]
+
+    async def run():
+        async with await AsyncClient.connect(address, timeout=60) as c:
+            return await asyncio.gather(*(
+                c.generate(p, max_tokens=N, temperature=0, ignore_eos=True) for p in PROMPTS
+            ))  # fmt: skip
+
+    outs = asyncio.run(run())
+    assert [o.token_ids for o in outs] == refs
