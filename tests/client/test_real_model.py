@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from paternoster.client import AsyncClient, Client
+from tests.entrypoints.test_openai_params import hf_greedy
 from tests.entrypoints.utils import free_port, start_server
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a lift,"]
@@ -42,20 +43,9 @@ def tokenizer(default_model_path):
     return AutoTokenizer.from_pretrained(str(default_model_path))
 
 
-def hf_greedy(hf, ids: list[int]) -> tuple[list[int], torch.Tensor]:
-    """HF's greedy continuation of ``ids`` (N tokens) and log_softmax of its logits."""
-    with torch.inference_mode():
-        inp = torch.tensor([ids])
-        out = hf.generate(inp, attention_mask=torch.ones_like(inp), max_new_tokens=N,
-                          min_new_tokens=N, do_sample=False, output_logits=True,
-                          return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
-    logits = torch.cat([x.float() for x in out.logits])
-    return out.sequences[0, len(ids):].tolist(), torch.log_softmax(logits, dim=-1)
-
-
 def test_greedy_tokens_and_logprobs_match_hf(address, hf, tokenizer):
     ids = tokenizer(PROMPTS[0]).input_ids
-    ref, ref_lp = hf_greedy(hf, ids)
+    ref, ref_lp = hf_greedy(hf, ids, N)
     with Client(address, timeout=60) as c:
         done = c.generate(PROMPTS[0], max_tokens=N, temperature=0, ignore_eos=True, logprobs=2)
         pieces = list(c.stream(prompt_token_ids=ids, max_tokens=N, temperature=0,
@@ -71,7 +61,7 @@ def test_greedy_tokens_and_logprobs_match_hf(address, hf, tokenizer):
 
 
 def test_concurrent_requests_each_match_hf(address, hf, tokenizer):
-    refs = [hf_greedy(hf, tokenizer(p).input_ids)[0] for p in PROMPTS]
+    refs = [hf_greedy(hf, tokenizer(p).input_ids, N)[0] for p in PROMPTS]
 
     async def run():
         async with await AsyncClient.connect(address, timeout=60) as c:
