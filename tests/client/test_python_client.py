@@ -133,8 +133,9 @@ def test_overload_and_dead_engine_errors(fake_model_dir):
     with zmq_server(fake_model_dir, opts, "--max-waiting-requests", "1") as srv:
         with Client(srv.address, timeout=10) as c:
             busy = c.stream(prompt_token_ids=[1], max_tokens=100)
-            queued = c.stream(prompt_token_ids=[2], max_tokens=100)
             next(busy)
+            queued = c.stream(prompt_token_ids=[2], max_tokens=100)
+            srv.http.wait_for(lambda s: s["num_waiting"] == 1, what="one request waiting")
             with pytest.raises(OverloadedError) as e:
                 c.generate(prompt_token_ids=[3], max_tokens=2)
             assert e.value.code == "overloaded" and e.value.retry_after >= 1

@@ -175,10 +175,10 @@ def _merge_completion_chunks(chunks: list[dict]) -> dict[int, dict]:
 @pytest.mark.parametrize("echo", [False, True])
 def test_completion_stream_and_non_stream_agree(f32_server, echo):
     body = {"prompt": ["Once upon a time", "Hello"], "max_tokens": 10, "temperature": 0.9,
-            "seed": 3, "n": 2, "logprobs": 2, "echo": echo, "stop": ["\n\n"],
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "seed": 3, "n": 2, "logprobs": 2, "echo": echo, "stop": ["\n\n"]}  # fmt: skip
     whole = post(f32_server, "/v1/completions", body).json()
-    chunks = _sse(post(f32_server, "/v1/completions", {**body, "stream": True}))
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = _sse(post(f32_server, "/v1/completions", streamed))
     merged = _merge_completion_chunks(chunks)
     assert sorted(merged) == [0, 1, 2, 3]
     for ch in whole["choices"]:

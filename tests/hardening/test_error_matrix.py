@@ -46,6 +46,7 @@ COMPLETION = {"prompt": "Hello", "max_tokens": 2}
 CHAT = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
 ENDPOINTS = [("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)]
 
+OPTS = "stream_options"
 # (name, fields merged into the valid body, expected status, expected param)
 ROWS = [
     ("wrong-type-max-tokens", {"max_tokens": "5"}, 400, "max_tokens"),
@@ -63,6 +64,9 @@ ROWS = [
     ("max-tokens-zero", {"max_tokens": 0}, 400, "max_tokens"),
     ("max-tokens-above-context", {"max_tokens": MAX_MODEL_LEN + 1}, 400, "max_tokens"),
     ("too-many-stops", {"stop": [f"s{i}" for i in range(MAX_STOP + 1)]}, 400, "stop"),
+    ("logprobs-negative", {"logprobs": -1}, 400, "logprobs"),
+    ("stream-options-no-stream", {"stream_options": {"include_usage": True}}, 400, OPTS),
+    ("stream-options-stream-false", {"stream": False, "stream_options": {}}, 400, OPTS),
     ("unknown-model", {"model": "no-such-model"}, 404, "model"),
 ]
 
@@ -73,6 +77,17 @@ def test_error_row(srv, path, valid, name, fields, status, param):
     # json.dumps writes NaN/Infinity tokens, which Python's JSON parser accepts.
     r = _post(srv, path, json.dumps({**valid, **fields}))
     _assert_error(r, status, param)
+
+
+@pytest.mark.parametrize(("path", "valid"), ENDPOINTS, ids=["completions", "chat"])
+def test_stream_options_need_stream_true(srv, path, valid):
+    body = {**valid, "stream_options": {"include_usage": True}}
+    err = _assert_error(_post(srv, path, json.dumps(body)), 400, "stream_options")
+    assert "Stream options can only be defined when `stream=True`." in err["message"]  # vLLM's
+    r = _post(srv, path, json.dumps({**body, "stream": True}))
+    assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n"), r.text
+    r = _post(srv, path, json.dumps({**valid, "stream_options": None}))  # null is no options
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize(("path", "valid"), ENDPOINTS, ids=["completions", "chat"])
@@ -119,6 +134,17 @@ def test_prompt_over_context_names_both_lengths(srv):
     body = {"prompt": prompt}  # no max_tokens: still refused, never truncated
     err = _assert_error(_post(srv, "/v1/completions", json.dumps(body)), 400, "prompt")
     assert str(MAX_MODEL_LEN) in err["message"] and str(MAX_MODEL_LEN + 10) in err["message"]
+
+
+def test_chat_prompt_over_context_names_both_lengths(srv, tokenizer):
+    messages = [{"role": "user", "content": "lift " * MAX_MODEL_LEN}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt_len = len(tokenizer(text, add_special_tokens=False).input_ids)
+    assert prompt_len > MAX_MODEL_LEN
+    for extra, param in (({"max_tokens": 1}, "max_tokens"), ({}, "prompt")):
+        body = {"messages": messages, **extra}
+        err = _assert_error(_post(srv, "/v1/chat/completions", json.dumps(body)), 400, param)
+        assert str(MAX_MODEL_LEN) in err["message"] and str(prompt_len) in err["message"], err
 
 
 def test_logprobs_out_of_range(srv):

@@ -23,17 +23,25 @@ Protocol (msgpack maps, see :mod:`paternoster.engine.codec`; docs/protocol.md):
   reply: ``EngineCore.timeline_snapshot()`` (its newer steps and requests only
   when the whole exceeds a frame; ``None`` with ``error`` set when timelines
   are off or the engine keeps none).
-- out ``outputs`` ``{"outputs": [EngineCoreOutput.to_wire()], "iteration_tokens": [int]}``
+- out ``outputs`` ``{"outputs": [EngineCoreOutput.to_wire()], "iteration_tokens": [int],
+  "stats": EngineCore.stats(), "stats_time": float}``
   — one per step that produced outputs or ran a forward pass, plus the final
   outputs of aborted or rejected requests; ``iteration_tokens`` lists the
-  tokens each step since the previous message computed (for metrics).
-- out ``heartbeat`` ``{"stats": EngineCore.stats(), "time": float, "step_started": float | None}``
+  tokens each step since the previous message computed (for metrics);
+  ``stats`` is a snapshot taken just before the message is sent (after the
+  step and the aborts it carries), ``stats_time`` its ``time.monotonic()``
+  (seconds), so the frontend's counters are as fresh as the outputs (as vLLM's
+  scheduler stats ride along with each step's outputs). About 2 µs a step.
+- out ``heartbeat`` ``{"stats": EngineCore.stats(), "stats_time": float, "time": float,
+  "step_started": float | None}``
   — every ``heartbeat_interval`` seconds, idle or busy, from a thread of its own
   on a second PUSH socket, so a step that runs longer than the frontend's stall
   timeout (a long prompt prefilled in one step) does not make a healthy engine
-  look dead; ``stats`` is the snapshot taken after the latest step and
-  ``step_started`` the ``time.time()`` at which the step now running began
-  (``None`` between steps).
+  look dead; ``stats`` is the latest snapshot (the one of the latest
+  ``outputs``, or newer), ``stats_time`` its ``time.monotonic()``: the two
+  sockets do not keep order between them, so the frontend keeps the snapshot
+  with the larger ``stats_time``; ``step_started`` is the ``time.time()`` at
+  which the step now running began (``None`` between steps).
 - out ``fatal``   ``{"error": str}`` — ``step()`` raised; the process exits 1.
 
 A rejected ``add`` (``EngineCore.add_request`` raised ``ValueError``) becomes an
@@ -125,7 +133,9 @@ class EngineLoop:
         self._shutdown = False
         self._last_beat = 0.0
         self._beat_queue = beat_queue
-        self._stats: dict = {}
+        # (time.monotonic() of the snapshot, EngineCore.stats()); replaced as a
+        # whole, so the heartbeat thread always reads a matching pair.
+        self._stats: tuple[float, dict] = (0.0, {})
         self._step_started: float | None = None
         self._stop_beats = threading.Event()
         self._parent_gone = threading.Event()
@@ -136,7 +146,7 @@ class EngineLoop:
         Raises:
             Exception: whatever ``EngineCore.step`` raised (the caller reports it).
         """
-        self._stats = self.engine.stats()
+        self._snapshot_stats()
         beater = None
         if self._beat_queue is not None:
             beater = threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True)
@@ -167,15 +177,18 @@ class EngineLoop:
             if self._pending or self._iteration_tokens:
                 pending, self._pending = self._pending, []
                 tokens, self._iteration_tokens = self._iteration_tokens, []
-                if not self._put(message("outputs", outputs=pending, iteration_tokens=tokens)):
+                at, stats = self._snapshot_stats()
+                out = message("outputs", outputs=pending, iteration_tokens=tokens,
+                              stats=stats, stats_time=at)
+                if not self._put(out):
                     return
             now = time.monotonic()
             if now - self._last_beat >= self.heartbeat_interval:
                 self._last_beat = now
-                self._stats = self.engine.stats()
+                at, stats = self._snapshot_stats()
                 if threaded_beats:
                     continue
-                beat = message("heartbeat", stats=self._stats, time=time.time(),
+                beat = message("heartbeat", stats=stats, stats_time=at, time=time.time(),
                                step_started=None)
                 if not self._parent_alive() or not self._put(beat):
                     logger.warning("frontend process is gone; engine exiting")
@@ -190,7 +203,8 @@ class EngineLoop:
                 if not self._parent_alive():
                     self._parent_gone.set()
                     return
-                beat = message("heartbeat", stats=self._stats, time=time.time(),
+                at, stats = self._stats
+                beat = message("heartbeat", stats=stats, stats_time=at, time=time.time(),
                                step_started=self._step_started)
                 try:
                     queue.put(beat)
@@ -200,6 +214,15 @@ class EngineLoop:
             return
         finally:
             queue.socket.close(linger=0)
+
+    def _snapshot_stats(self) -> tuple[float, dict]:
+        """Take ``EngineCore.stats()`` now (about 1 µs) and keep it for the heartbeats.
+
+        Returns:
+            ``(time.monotonic() seconds of the snapshot, the stats)``.
+        """
+        self._stats = (time.monotonic(), self.engine.stats())
+        return self._stats
 
     def _pop_iteration_tokens(self) -> list[int]:
         """The engine's per-step token counts, if it keeps them (fakes may not)."""

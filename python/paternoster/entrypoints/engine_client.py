@@ -154,6 +154,7 @@ class EngineClient:
         self._addrs: tuple[str, str] = ("", "")
         self.info: dict = {}
         self.stats: dict = {}
+        self._stats_time = float("-inf")  # engine's time.monotonic() of self.stats
         self.dead_reason: str | None = None
         self._proc: subprocess.Popen | None = None
         self._ctx: zmq.asyncio.Context | None = None
@@ -563,10 +564,11 @@ class EngineClient:
                 continue
             self._last_seen = time.monotonic()
             if kind == "outputs":
+                self._take_stats(msg)  # first: whoever sees an output sees these stats
                 self._dispatch(msg.get("outputs") or [])
                 self._notify_iterations(msg.get("iteration_tokens"))
             elif kind == "heartbeat":
-                self.stats = dict(msg.get("stats") or {})
+                self._take_stats(msg)
                 started = msg.get("step_started")
                 self._step_started = float(started) if isinstance(started, (int, float)) else None
             elif kind in ("timeline", "reset_prefix_cache"):
@@ -578,6 +580,18 @@ class EngineClient:
                 self._mark_dead(f"engine failed: {msg.get('error')}")
             elif kind in ("ready", "startup_error"):
                 self._on_restart_handshake(kind, msg)
+
+    def _take_stats(self, msg: dict) -> None:
+        """Keep ``msg["stats"]`` unless an already kept snapshot is newer
+        (``stats_time``: outputs and heartbeats travel on two sockets)."""
+        stats, at = msg.get("stats"), msg.get("stats_time")
+        if not isinstance(stats, dict):
+            return
+        if isinstance(at, (int, float)):
+            if at < self._stats_time:
+                return
+            self._stats_time = float(at)
+        self.stats = dict(stats)
 
     def _dispatch(self, outputs: list) -> None:
         for raw in outputs:

@@ -3,7 +3,7 @@
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 POST /tokenize and POST /detokenize (vLLM's shapes), GET /version,
 GET /health (200, or 503 with the reason once the engine died), GET /stats
-(the engine's latest heartbeat stats; for tests and dashboards), GET /metrics
+(the engine's stats as of its latest step; for tests and dashboards), GET /metrics
 (Prometheus text format; docs/metrics.md), POST /reset_prefix_cache (forget
 the cached KV blocks), GET /debug/timeline (the request
 timeline as a Chrome/Perfetto trace, or ``?format=snapshot`` for the raw
@@ -346,7 +346,9 @@ def build_app(
 
     @app.get("/stats")
     async def stats() -> JSONResponse:
-        """Engine stats from the latest heartbeat (<= 0.5 s old) and the engine pid."""
+        """Frontend counters (live) and the engine's stats as of its latest
+        ``outputs`` message (sent after every step) or heartbeat (every 0.5 s),
+        whichever is newer; plus the engine pid."""
         return JSONResponse(
             {
                 "alive": client.is_alive,

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
+from pydantic_core import PydanticCustomError
 
 
 class _Request(BaseModel):
@@ -60,8 +61,18 @@ class _SamplingFields(_Request):
     skip_special_tokens: bool = True
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: StreamOptions | None = Field(None, description="only with `stream: true`")
     user: str | None = Field(None, description="accepted and ignored")
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo):
+        """``stream_options`` without ``stream: true`` is a 400, as in vLLM."""
+        if value is not None and info.data.get("stream") is False:
+            raise PydanticCustomError(
+                "stream_options", "Stream options can only be defined when `stream=True`."
+            )
+        return value
 
 
 class CompletionRequest(_SamplingFields):
