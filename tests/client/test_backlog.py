@@ -1,38 +1,48 @@
-"""The client protocol server's per-client backlog (slow clients), driven
-through a stand-in socket that refuses sends (``zmq.Again``) while "full".
+"""The client protocol server's per-client backlog (slow clients).
 
-On loopback the kernel's socket buffers hold megabytes of small messages, so
-an end-to-end test cannot reach ZeroMQ's high-water mark in reasonable time;
-this one checks the logic the high-water mark triggers.
+Over TCP or IPC the kernel's socket buffers hold megabytes of small messages,
+so a test of a whole server cannot reach ZeroMQ's high-water mark in
+reasonable time. These tests drive the server's send path through a stand-in
+socket that refuses sends (``zmq.Again``) while "full", and through a real
+ROUTER/DEALER pair on ``inproc://`` (no kernel buffers: the high-water marks
+are all there is).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import msgpack
 import zmq
+import zmq.asyncio
 
 from paternoster.client import protocol as p
 from paternoster.entrypoints.zmq_server import ZmqServer, _Peer
 
 
 class FullSocket:
-    """Accepts sends only while ``room`` > 0; records the bodies it took."""
+    """Accepts sends only while ``room`` > 0; records the bodies it took. Like
+    pyzmq's asyncio socket, a send returns a resolved future holding the error."""
 
     def __init__(self, room: int = 0):
         self.room = room
         self.sent: list[dict] = []
         self.gone = False
 
-    def send_multipart(self, frames, flags=0):
+    def send_multipart(self, frames, flags=0) -> Future:
+        done: Future = Future()
         if self.gone:
-            raise zmq.ZMQError(zmq.EHOSTUNREACH)
-        if self.room <= 0:
-            raise zmq.Again()
-        self.room -= 1
-        self.sent.append(msgpack.unpackb(frames[-1]))
+            done.set_exception(zmq.ZMQError(zmq.EHOSTUNREACH))
+        elif self.room <= 0:
+            done.set_exception(zmq.Again())
+        else:
+            self.room -= 1
+            self.sent.append(msgpack.unpackb(frames[-1]))
+            done.set_result(None)
+        return done
 
 
 def _server(**kw) -> tuple[ZmqServer, _Peer, FullSocket]:
@@ -143,5 +153,46 @@ def test_vanished_client_is_dropped_and_its_requests_aborted():
         srv._send(peer, _delta("r", "a", [1]))
         await asyncio.sleep(0)
         assert task.cancelled() and peer.gone and not srv._peers
+
+    asyncio.run(run())
+
+
+def test_real_sockets_slow_reader_gets_every_token_merged():
+    """A DEALER that does not read while 500 deltas are sent: ZeroMQ's queues
+    fill (4 + 4 messages), the rest waits in the backlog and merges; once the
+    client reads, it gets every token in order and the final."""
+
+    async def run():
+        serving = SimpleNamespace(model_name="m", max_model_len=64,
+                                  client=SimpleNamespace(unavailable_reason=None))  # fmt: skip
+        srv = ZmqServer(serving, "inproc://backlog-test", sndhwm=4)
+        await srv.start()
+        dealer = srv._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.RCVHWM, 4)
+        dealer.connect("inproc://backlog-test")
+        try:
+            await dealer.send(msgpack.packb({"v": 1, "type": "hello"}))
+            assert msgpack.unpackb(await dealer.recv())["type"] == p.WELCOME
+            (peer,) = srv._peers.values()
+            _in_flight(peer, "a")
+            for i in range(500):
+                srv._send(peer, _delta("a", f"{i} ", [i]))
+            srv._send(peer, _final("a"))
+            del peer.requests["a"]  # as the request's task does after its final
+            assert peer.backlog  # ZeroMQ refused some: the backlog holds them
+            got = []
+            while True:
+                m = msgpack.unpackb(await asyncio.wait_for(dealer.recv(), 10))
+                got.append(m)
+                if m["type"] == p.FINAL:
+                    break
+            ids = [t for m in got for t in m["token_ids"]]
+            assert ids == list(range(500))
+            assert "".join(m["text"] for m in got) == "".join(f"{i} " for i in range(500))
+            assert len(got) < 100  # merged
+            assert not peer.backlog
+        finally:
+            dealer.close(0)
+            await srv.close()
 
     asyncio.run(run())

@@ -458,7 +458,7 @@ class ZmqServer:
             logger.error("cannot encode a reply: %s", e)
             return True
         try:
-            self._sock.send_multipart([peer.identity, *peer.envelope, frame], flags=zmq.DONTWAIT)
+            self._send_now(peer, frame)
         except zmq.Again:
             self._enqueue(peer, msg)
             return False
@@ -468,6 +468,27 @@ class ZmqServer:
                 return False
             raise
         return True
+
+    def _send_now(self, peer: _Peer, frame: bytes) -> None:
+        """Hand one frame to ZeroMQ without waiting.
+
+        pyzmq's asyncio socket resolves a ``DONTWAIT`` send at once (when no
+        other send waits, which never happens here: every send is ``DONTWAIT``)
+        and reports ZeroMQ's error in the returned future, not by raising; this
+        raises it.
+
+        Raises:
+            zmq.Again: the peer's queue is full (``SNDHWM``).
+            zmq.ZMQError: ``EHOSTUNREACH`` when the peer is gone.
+        """
+        sent = self._sock.send_multipart([peer.identity, *peer.envelope, frame],
+                                         flags=zmq.DONTWAIT)  # fmt: skip
+        if not sent.done():  # not expected; never leave an error unretrieved
+            sent.add_done_callback(lambda f: f.cancelled() or f.exception())
+            return
+        error = sent.exception()
+        if error is not None:
+            raise error
 
     def _enqueue(self, peer: _Peer, msg: dict) -> None:
         """Append ``msg`` to the backlog, merged into its request's pending delta
@@ -543,8 +564,7 @@ class ZmqServer:
                 frame = None
             if frame is not None:
                 try:
-                    self._sock.send_multipart([peer.identity, *peer.envelope, frame],
-                                              flags=zmq.DONTWAIT)  # fmt: skip
+                    self._send_now(peer, frame)
                 except zmq.Again:
                     break
                 except zmq.ZMQError as e:
