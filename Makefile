@@ -14,7 +14,7 @@ MODEL ?=
 SERVE_ARGS ?=
 CTEST_BUILD := build/ctest
 
-CORE_SOURCES := CMakeLists.txt pyproject.toml $(shell find core cuda -type f 2>/dev/null)
+CORE_SOURCES := CMakeLists.txt pyproject.toml $(shell find core cuda cmake -type f 2>/dev/null)
 
 # GuideLLM, for the compatibility test (tests/entrypoints/test_guidellm.py), in its own
 # venv: it pins its own dependencies and pulls torch, held to our CPU torch version.

@@ -165,7 +165,9 @@ TEST(FusedAddRmsNorm, MatchesReferenceAllVariants) {
                                            w.at(i));
           }
         }
-        if (dtype == DType::kBFloat16) EXPECT_GE(exact, c.t * c.h * 99 / 100);
+        if (dtype == DType::kBFloat16) {
+          EXPECT_GE(exact, c.t * c.h * 99 / 100);
+        }
       }
     }
   }
