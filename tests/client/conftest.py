@@ -24,10 +24,12 @@ class ZmqServer:
 
 
 @contextlib.contextmanager
-def zmq_server(model_dir: Path, opts: dict | None = None, *args: str) -> Iterator[ZmqServer]:
+def zmq_server(model_dir: Path, opts: dict | None = None, *args: str,
+               address: str | None = None) -> Iterator[ZmqServer]:  # fmt: skip
     """A fake-engine server (``echo_prompt`` on, plus ``opts``) listening on
-    ``tcp://127.0.0.1:<free port>``; ``args`` are extra ``serve`` flags."""
-    address = f"tcp://127.0.0.1:{free_port()}"
+    ``address`` (default ``tcp://127.0.0.1:<free port>``); ``args`` are extra
+    ``serve`` flags."""
+    address = address or f"tcp://127.0.0.1:{free_port()}"
     engine_opts = {"echo_prompt": True, **(opts or {})}
     with fake_server(model_dir, engine_opts, "--zmq-address", address, *args) as srv:
         yield ZmqServer(srv, address)

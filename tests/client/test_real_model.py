@@ -71,3 +71,13 @@ def test_concurrent_requests_each_match_hf(address, hf, tokenizer):
 
     outs = asyncio.run(run())
     assert [o.token_ids for o in outs] == refs
+
+
+def test_logit_bias_forces_a_token(address, tokenizer):
+    """A +100 bias makes greedy decoding pick that token every time (OpenAI's
+    semantics), sent as the Python client's dict and as wire pairs alike."""
+    token = tokenizer(" lift", add_special_tokens=False).input_ids[0]
+    with Client(address, timeout=60) as c:
+        for bias in ({token: 100.0}, [[token, 100.0]]):
+            done = c.generate(PROMPTS[0], max_tokens=4, temperature=0, logit_bias=bias)
+            assert done.token_ids == [token] * 4

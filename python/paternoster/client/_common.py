@@ -145,6 +145,9 @@ def generate_message(
     unknown = sorted(set(sampling) - set(p.SAMPLING_FIELDS))
     if unknown:
         raise ValueError(f"unknown sampling fields {unknown}; known: {list(p.SAMPLING_FIELDS)}")
+    bias = sampling.get("logit_bias")
+    if isinstance(bias, dict):  # {token id: bias}: msgpack map keys must be strings
+        sampling = {**sampling, "logit_bias": [[int(t), float(b)] for t, b in bias.items()]}
     rid = request_id if request_id is not None else f"c{os.getpid()}-{next(_ids)}"
     fields: dict[str, Any] = {"id": rid, "stream": stream, "priority": priority,
                               "sampling": {k: v for k, v in sampling.items() if v is not None}}

@@ -62,6 +62,7 @@ class AsyncClient:
         self._max_in = max_incoming_bytes
         self._queues: dict[str, asyncio.Queue] = {}
         self._draining: set[str] = set()  # aborted here; their final is still to come
+        self._unanswered: dict[str, bytes] = {}  # request id -> its frame, until a reply
         self._waiters: dict[tuple[str, str | None], asyncio.Future] = {}
         self._qids = itertools.count()
         self._reader: asyncio.Task | None = None
@@ -127,7 +128,7 @@ class AsyncClient:
             nonlocal done
             while True:
                 try:
-                    completion = acc.add(await self._next(queue))
+                    completion = acc.add(await self._next(rid, queue))
                 except ClientError:
                     done = True
                     raise
@@ -139,6 +140,7 @@ class AsyncClient:
             return await _within(run(), self.timeout if timeout is None else timeout)
         finally:
             self._queues.pop(rid, None)
+            self._unanswered.pop(rid, None)
             if not done:
                 await self._abandon(rid)
 
@@ -162,7 +164,7 @@ class AsyncClient:
         try:
             while not done:
                 try:
-                    msg = await _within(self._next(queue), wait)
+                    msg = await _within(self._next(rid, queue), wait)
                 except ClientError:
                     done = True
                     raise
@@ -170,6 +172,7 @@ class AsyncClient:
                 yield delta_from(msg)
         finally:
             self._queues.pop(rid, None)
+            self._unanswered.pop(rid, None)
             if not done:
                 await self._abandon(rid)
 
@@ -214,19 +217,29 @@ class AsyncClient:
         self._check_reader()
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = queue
-        await self._sock.send(pack(msg))
+        frame = pack(msg)
+        self._unanswered[rid] = frame  # resent once if the server asks for a new hello
+        await self._sock.send(frame)
         return rid, queue
 
-    async def _next(self, queue: asyncio.Queue) -> dict:
-        msg = await queue.get()
-        if isinstance(msg, BaseException):
-            raise msg
-        if msg["type"] == p.ERROR:
+    async def _next(self, rid: str, queue: asyncio.Queue) -> dict:
+        while True:
+            msg = await queue.get()
+            if isinstance(msg, BaseException):
+                raise msg
+            frame = self._unanswered.pop(rid, None)
+            if msg["type"] != p.ERROR:
+                return msg
+            if msg.get("code") == p.HANDSHAKE_REQUIRED and frame is not None:
+                # the server restarted (or ZeroMQ reconnected): _route greeted it
+                # again, so send the request once more behind that hello
+                await self._sock.send(frame)
+                continue
             raise error_from(msg)
-        return msg
 
     async def _abandon(self, rid: str) -> None:
         """Abort ``rid`` and drop its messages until its final arrives."""
+        self._unanswered.pop(rid, None)
         self._draining.add(rid)
         with contextlib.suppress(Exception):
             await self.abort(rid)

@@ -74,6 +74,7 @@ class Client:
         self._inbox: dict[str, deque] = {}  # request id -> its messages not yet read
         self._replies: deque = deque()  # models / health / welcome / id-less errors
         self._draining: set[str] = set()  # aborted here; their final is still to come
+        self._unanswered: dict[str, bytes] = {}  # request id -> its frame, until a reply
         self._hello = pack(hello_message(api_key, client_name))
         try:
             self._sock.send(self._hello)
@@ -125,6 +126,7 @@ class Client:
             raise
         finally:
             self._inbox.pop(rid, None)
+            self._unanswered.pop(rid, None)
 
     def stream(
         self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
@@ -176,7 +178,9 @@ class Client:
         if rid in self._inbox or rid in self._draining:
             raise ValueError(f"request id {rid!r} is already in flight on this client")
         self._inbox[rid] = deque()
-        self._sock.send(pack(msg))
+        frame = pack(msg)
+        self._unanswered[rid] = frame  # resent once if the server asks for a new hello
+        self._sock.send(frame)
         return rid
 
     def _query(self, kind: str, timeout: float | None) -> dict:
@@ -205,12 +209,19 @@ class Client:
             TimeoutError: nothing for it before ``deadline``.
         """
         box = self._inbox[rid]
-        while not box:
-            self._pump(deadline)
-        msg = box.popleft()
-        if msg["type"] == p.ERROR:
+        while True:
+            while not box:
+                self._pump(deadline)
+            msg = box.popleft()
+            frame = self._unanswered.pop(rid, None)
+            if msg["type"] != p.ERROR:
+                return msg
+            if msg.get("code") == p.HANDSHAKE_REQUIRED and frame is not None:
+                # the server restarted (or ZeroMQ reconnected): _pump greeted it
+                # again, so send the request once more behind that hello
+                self._sock.send(frame)
+                continue
             raise error_from(msg)
-        return msg
 
     def _pump(self, deadline: float | None) -> None:
         """Receive one message and file it under its request (or the replies)."""
@@ -235,6 +246,7 @@ class Client:
     def _abandon(self, rid: str) -> None:
         """Abort ``rid`` and drop its messages until its final arrives."""
         self._inbox.pop(rid, None)
+        self._unanswered.pop(rid, None)
         self._draining.add(rid)
         self.abort(rid)
 

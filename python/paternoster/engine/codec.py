@@ -110,7 +110,8 @@ def unpack(frame: bytes | memoryview, max_frame_bytes: int = DEFAULT_MAX_FRAME_B
     except CodecError:
         raise
     except Exception as e:  # msgpack raises many types (ExtraData, FormatError, ValueError...)
-        raise CodecError(f"malformed frame: {type(e).__name__}: {e}") from e
+        reason = str(e) or "not valid msgpack"
+        raise CodecError(f"malformed frame: {type(e).__name__}: {reason}") from e
     if not isinstance(msg, dict):
         raise CodecError(f"a message must be a map, got {type(msg).__name__}")
     if not all(isinstance(k, str) for k in msg):

@@ -181,6 +181,10 @@ async def serve(args: argparse.Namespace) -> int:
             logger.error("%s", e)
             return 1
     try:
+        if args.zmq_address not in ("none", "off"):
+            from paternoster.entrypoints.zmq_server import check_address, default_zmq_address
+
+            check_address(args.zmq_address or default_zmq_address(args.port))
         config = build_engine_config(model_dir, **{k: getattr(args, k) for k in ENGINE_ARG_NAMES})
         limits = ServerLimits(
             api_key=args.api_key,
@@ -234,6 +238,10 @@ async def serve(args: argparse.Namespace) -> int:
         logger.info("serving on http://%s:%d/v1", args.host, args.port)
         server = _graceful_server(app, client, args)
         await server.serve()
+        if server.drain_task is not None:  # uvicorn is done with HTTP; ZeroMQ requests
+            await server.drain_task  # may still run: give them the rest of the drain
+        if zmq_server is not None:
+            await zmq_server.wait_idle(timeout=2.0)  # their finals, after the drain
         return 0
     finally:
         if zmq_server is not None:
@@ -251,6 +259,7 @@ async def _start_zmq_server(serving: Any, args: argparse.Namespace) -> Any:
     from paternoster.entrypoints.zmq_server import ZmqServer, default_zmq_address
 
     if args.zmq_address in ("none", "off"):
+        logger.info("client protocol (ZeroMQ/msgpack) is off (--zmq-address none)")
         return None
     address = args.zmq_address or default_zmq_address(args.port)
     tuning = {}
@@ -296,6 +305,17 @@ def _graceful_server(app: Any, client: Any, args: argparse.Namespace) -> Any:
 
         def _start_drain(self) -> None:
             self.drain_task = asyncio.ensure_future(_drain(client, drain_s))
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            # uvicorn re-raises the signal that stopped it once HTTP is done, which
+            # would cut the ZeroMQ requests' drain short; serve() returns instead and
+            # the caller finishes the drain. A second signal then interrupts as usual.
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
 
         async def startup(self, sockets: Any = None) -> None:
             self.loop = asyncio.get_running_loop()

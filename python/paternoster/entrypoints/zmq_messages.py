@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 
 from paternoster.client import protocol as p
 
@@ -77,6 +84,14 @@ class WireSampling(_Strict):
     prompt_logprobs: Int64 | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        """msgpack has no tuples: each ``[token_id, bias]`` arrives as a list."""
+        if isinstance(value, list):
+            return [tuple(v) if isinstance(v, list) and len(v) == 2 else v for v in value]
+        return value
 
 
 class Generate(_Strict):

@@ -29,6 +29,7 @@ import contextlib
 import hmac
 import logging
 import os
+import socket
 import tempfile
 import time
 import uuid
@@ -70,6 +71,42 @@ _FLUSH_PERIOD_S = 0.005
 def default_zmq_address(http_port: int) -> str:
     """``ipc://<tmpdir>/paternoster-<http_port>.ipc``: one socket per server."""
     return f"ipc://{tempfile.gettempdir()}/paternoster-{http_port}.ipc"
+
+
+def check_address(address: str) -> None:
+    """Refuse an endpoint that cannot be served before anything is loaded.
+
+    ZeroMQ binding an ``ipc://`` path replaces a socket file that another
+    server still listens on; this refuses such a path instead (a stale file,
+    one nobody accepts on, is fine).
+
+    Raises:
+        ValueError: not ``tcp://HOST:PORT`` or ``ipc://PATH``, a TCP endpoint
+            that cannot be bound, or an ``ipc://`` path another process serves.
+    """
+    if address.startswith("ipc://") and len(address) > len("ipc://"):
+        path = address[len("ipc://"):]
+        if os.path.exists(path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+            except OSError:
+                return  # nobody listens: a stale file from a server that died
+            finally:
+                probe.close()
+            raise ValueError(f"{address} is in use by another process (another server?)")
+        return
+    if not address.startswith("tcp://"):
+        raise ValueError(f"ZeroMQ endpoint must be tcp://HOST:PORT or ipc://PATH, got {address!r}")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as e:
+        raise ValueError(f"cannot listen on {address}: {e}") from None
+    finally:
+        sock.close(0)
+        ctx.term()
 
 
 @dataclass
@@ -156,7 +193,10 @@ class ZmqServer:
             The bound endpoint (``tcp://...:0`` resolved to the real port).
         Raises:
             zmq.ZMQError: the address cannot be bound (in use, bad path).
+            ValueError: an ``ipc://`` path another process serves.
         """
+        if self.address.startswith("ipc://"):
+            check_address(self.address)  # never take over another server's socket file
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -201,6 +241,21 @@ class ZmqServer:
         if self.address.startswith("ipc://"):
             with contextlib.suppress(OSError):
                 os.unlink(self.address[len("ipc://"):])
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight and every backlog is sent.
+
+        Args:
+            timeout: seconds to wait at most.
+        Returns:
+            True when idle in time.
+        """
+        deadline = time.monotonic() + timeout
+        while self.num_in_flight or any(q.backlog for q in self._peers.values()):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     @property
     def num_in_flight(self) -> int:
@@ -326,7 +381,21 @@ class ZmqServer:
                 f"{len(msg.sampling.stop)}", "sampling.stop", rid,
             ))  # fmt: skip
             return
-        peer.requests[rid] = asyncio.create_task(self._run(peer, msg))
+        task = asyncio.create_task(self._run(peer, msg))
+        task.add_done_callback(lambda t: self._on_task_done(peer, rid, t))
+        peer.requests[rid] = task
+
+    def _on_task_done(self, peer: _Peer, rid: str, task: asyncio.Task) -> None:
+        """The final of a request whose task ended without sending one: cancelled
+        before it first ran (an ``abort`` right behind its ``generate``)."""
+        if peer.requests.get(rid) is not task:
+            return  # it answered for itself, or _fail_slow / _on_gone did
+        if task.cancelled():
+            final = self._final(rid, None, None, "abort")
+        else:  # _run catches everything; this is only a safety net
+            final = _error(p.INTERNAL, "request ended without a result", request_id=rid)
+        self._send(peer, final)
+        peer.requests.pop(rid, None)
 
     async def _run(self, peer: _Peer, msg: Generate) -> None:
         """One request from validation to its final message (exactly one, unless
@@ -362,7 +431,7 @@ class ZmqServer:
             final = _error(p.INTERNAL, f"internal error: {type(e).__name__}", request_id=rid)
         if peer.requests.get(rid) is asyncio.current_task():
             self._send(peer, final)
-            del peer.requests[rid]
+            peer.requests.pop(rid, None)  # _send may have found the peer gone and cleared it
 
     async def _start(self, msg: Generate) -> Generation:
         """Tokenize and validate ``msg`` into a :class:`Generation`.
