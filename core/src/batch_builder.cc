@@ -128,23 +128,25 @@ Batch BatchBuilder::build(const std::vector<int64_t>& req_ids,
   }
   Batch batch;
   build_into(req_ids.data(), num_computed.data(), num_scheduled.data(),
-             static_cast<int64_t>(req_ids.size()), [&batch](const BatchShape& s) {
-               batch.shape = s;
-               const auto b = static_cast<size_t>(s.num_seqs);
-               const auto t = static_cast<size_t>(s.num_tokens);
-               batch.input_ids.resize(t);
-               batch.positions.resize(t);
-               batch.slot_mapping.resize(t);
-               batch.block_tables.resize(b * static_cast<size_t>(s.max_blocks));
-               batch.seq_lens.resize(b);
-               batch.query_start_loc.resize(b + 1);
-               batch.logits_indices.resize(b);
-               return BatchBuffers{batch.input_ids.data(),    batch.positions.data(),
-                                   batch.slot_mapping.data(), batch.block_tables.data(),
-                                   batch.seq_lens.data(),     batch.query_start_loc.data(),
-                                   batch.logits_indices.data()};
-             });
+             static_cast<int64_t>(req_ids.size()),
+             [&batch](const BatchShape& s) { return batch.resize(s); });
   return batch;
+}
+
+BatchBuffers Batch::resize(const BatchShape& s) {
+  const auto b = static_cast<size_t>(s.num_seqs);
+  const auto t = static_cast<size_t>(s.num_tokens);
+  shape = s;
+  input_ids.resize(t);
+  positions.resize(t);
+  slot_mapping.resize(t);
+  block_tables.resize(b * static_cast<size_t>(s.max_blocks));
+  seq_lens.resize(b);
+  query_start_loc.resize(b + 1);
+  logits_indices.resize(b);
+  return BatchBuffers{input_ids.data(),    positions.data(),       slot_mapping.data(),
+                      block_tables.data(), seq_lens.data(),        query_start_loc.data(),
+                      logits_indices.data()};
 }
 
 }  // namespace paternoster

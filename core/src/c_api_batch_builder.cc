@@ -32,25 +32,6 @@ namespace {
   raise(PN_ERR_NOT_FOUND, "unknown request id " + std::to_string(req_id));
 }
 
-// Sizes the batch's vectors for `s` (reusing their capacity) and points the
-// builder's output buffers at them.
-BatchBuffers resize_for(Batch& batch, const BatchShape& s) {
-  const auto b = static_cast<size_t>(s.num_seqs);
-  const auto t = static_cast<size_t>(s.num_tokens);
-  batch.shape = s;
-  batch.input_ids.resize(t);
-  batch.positions.resize(t);
-  batch.slot_mapping.resize(t);
-  batch.block_tables.resize(b * static_cast<size_t>(s.max_blocks));
-  batch.seq_lens.resize(b);
-  batch.query_start_loc.resize(b + 1);
-  batch.logits_indices.resize(b);
-  return BatchBuffers{batch.input_ids.data(),    batch.positions.data(),
-                      batch.slot_mapping.data(), batch.block_tables.data(),
-                      batch.seq_lens.data(),     batch.query_start_loc.data(),
-                      batch.logits_indices.data()};
-}
-
 template <typename T>
 void view(const std::vector<T>& v, const T** out_data, int64_t* out_len) {
   check_out(out_data, "out_data");
@@ -159,7 +140,7 @@ pn_status_t pn_batch_builder_build(pn_batch_builder_t* builder, const int64_t* r
       }
     }
     b.builder.build_into(req_ids, num_computed, num_scheduled, n,
-                         [&out](const BatchShape& s) { return resize_for(out, s); });
+                         [&out](const BatchShape& s) { return out.resize(s); });
   });
   if (status != PN_OK && batch != nullptr) {
     try {

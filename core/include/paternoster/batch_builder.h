@@ -41,6 +41,12 @@ struct Batch {
   BatchShape shape;
   std::vector<int64_t> input_ids, positions, slot_mapping, logits_indices;
   std::vector<int32_t> block_tables, seq_lens, query_start_loc;
+
+  // Sizes every vector for `shape` (num_tokens entries for the per-token
+  // arrays, num_seqs x max_blocks for block_tables, num_seqs + 1 for
+  // query_start_loc; capacity is reused) and returns views of them, the
+  // allocator BatchBuilder::build_into expects. std::bad_alloc on failure.
+  BatchBuffers resize(const BatchShape& shape);
 };
 
 class BatchBuilder {
