@@ -8,10 +8,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import zmq
 
 from paternoster.client import protocol as p
+from paternoster.engine import codec
 
 _ids = itertools.count()
 
@@ -199,30 +199,28 @@ class Accumulator:
 
 
 def pack(msg: dict) -> bytes:
-    """One message as a msgpack frame."""
-    return msgpack.packb(msg, use_bin_type=True)
+    """One message as a msgpack frame (the server's own codec).
+
+    Raises:
+        CodecError: a value msgpack cannot hold (a ``ValueError``).
+    """
+    return codec.encode(msg)
 
 
 def unpack(frame: bytes, max_bytes: int) -> dict:
-    """Decode a frame from the server.
+    """Decode a frame from the server (size checked first, ext types refused).
 
     Raises:
-        ProtocolError: not a msgpack map, or larger than ``max_bytes``.
+        ProtocolError: not a msgpack map with string keys and a string
+            ``type``, or larger than ``max_bytes``.
     """
-    if len(frame) > max_bytes:
-        raise ProtocolError(p.MESSAGE_TOO_LARGE, f"server message of {len(frame)} bytes")
     try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True,
-                              ext_hook=_no_ext)  # fmt: skip
-    except Exception as e:
+        msg = codec.unpack(frame, max_bytes)
+    except codec.CodecError as e:
         raise ProtocolError(p.MALFORMED_MESSAGE, f"unreadable server message: {e}") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
-        raise ProtocolError(p.MALFORMED_MESSAGE, "server message is not a typed map")
+    if not isinstance(msg.get("type"), str):
+        raise ProtocolError(p.MALFORMED_MESSAGE, "server message has no string 'type'")
     return msg
-
-
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"msgpack ext type {code}")
 
 
 def configure(sock: zmq.Socket, max_message_bytes: int) -> None:

@@ -515,27 +515,30 @@ class ZmqServer:
             return
         if msg["type"] in (p.DELTA, p.FINAL) and msg["id"] not in peer.requests:
             return  # a request taken away by _fail_slow: its error is its final
-        if peer.backlog:
+        if peer.backlog or not self._transmit(peer, msg):
             self._enqueue(peer, msg)
-            return
-        self._try_send(peer, msg)
 
-    def _try_send(self, peer: _Peer, msg: dict) -> bool:
+    def _transmit(self, peer: _Peer, msg: dict) -> bool:
+        """Hand ``msg`` to ZeroMQ now.
+
+        Returns:
+            False when the peer's queue is full (nothing was sent); True when it
+            was sent, or dropped: unencodable (never for our own messages), or
+            the peer is gone (then :meth:`_on_gone` has run).
+        """
         try:
             frame = encode(msg, 4 * self.max_message_bytes)
-        except CodecError as e:  # cannot happen for our own messages; never crash the loop
+        except CodecError as e:
             logger.error("cannot encode a reply: %s", e)
             return True
         try:
             self._send_now(peer, frame)
         except zmq.Again:
-            self._enqueue(peer, msg)
             return False
         except zmq.ZMQError as e:
-            if e.errno == zmq.EHOSTUNREACH:
-                self._on_gone(peer)
-                return False
-            raise
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self._on_gone(peer)
         return True
 
     def _send_now(self, peer: _Peer, frame: bytes) -> None:
@@ -626,21 +629,10 @@ class ZmqServer:
         """Send what ZeroMQ takes of ``peer``'s backlog; enforce the slow-client timeout."""
         while peer.backlog and not peer.gone:
             msg = peer.backlog[0]
-            try:
-                frame = encode(msg, 4 * self.max_message_bytes)
-            except CodecError as e:
-                logger.error("cannot encode a reply: %s", e)
-                frame = None
-            if frame is not None:
-                try:
-                    self._send_now(peer, frame)
-                except zmq.Again:
-                    break
-                except zmq.ZMQError as e:
-                    if e.errno != zmq.EHOSTUNREACH:
-                        raise
-                    self._on_gone(peer)
-                    return
+            if not self._transmit(peer, msg):
+                break
+            if peer.gone:
+                return
             peer.backlog.popleft()
             peer.backlog_bytes -= _size(msg)
             if peer.backlog_deltas.get(msg.get("id")) is msg:
