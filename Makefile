@@ -56,7 +56,7 @@ test-cpp:
 	ctest --test-dir $(CTEST_BUILD) --output-on-failure
 
 lint: install
-	$(BIN)/ruff check python schedulers tests bench
+	$(BIN)/ruff check python schedulers tests bench cuda/emu
 
 test-py: install
 	$(BIN)/python -m pytest -q tests

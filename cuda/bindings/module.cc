@@ -6,6 +6,10 @@
 // Linked with the static CUDA runtime: importing needs no GPU and no driver;
 // a call on a machine without one raises RuntimeError naming the CUDA error.
 // Error mapping: std::invalid_argument -> ValueError; a CUDA error -> RuntimeError.
+//
+// Built a second time as paternoster._cuda_emu (PATERNOSTER_CUDA_EMU): the same
+// kernels and API on the CPU emulation of cuda/emu, where device addresses are
+// host addresses; it adds set_schedule_seed() and emu_stats().
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -41,10 +45,40 @@ cudaStream_t stream_of(uintptr_t handle) { return reinterpret_cast<cudaStream_t>
 
 }  // namespace
 
-PYBIND11_MODULE(_cuda_ops, m) {
-  m.doc() = "CUDA paged attention and reshape_and_cache on raw device pointers.";
+#ifdef PATERNOSTER_CUDA_EMU
+#define PN_CUDA_MODULE _cuda_emu
+#else
+#define PN_CUDA_MODULE _cuda_ops
+#endif
 
-  py::enum_<pc::DType>(m, "DType")
+PYBIND11_MODULE(PN_CUDA_MODULE, m) {
+#ifdef PATERNOSTER_CUDA_EMU
+  m.doc() =
+      "The CUDA kernels run on the CPU emulation of the CUDA execution model (cuda/emu): "
+      "addresses are host addresses; for tests.";
+  m.def("set_schedule_seed", &pn_emu::set_schedule_seed, py::arg("seed"),
+        "0: emulated threads run in index order between barriers; otherwise the seed of a "
+        "shuffled order. Returns the previous seed.");
+  m.def(
+      "emu_stats",
+      [](bool reset) {
+        const pn_emu::Stats s = pn_emu::stats();
+        if (reset) pn_emu::reset_stats();
+        py::dict d;
+        d["launches"] = s.launches;
+        d["blocks"] = s.blocks;
+        d["threads"] = s.threads;
+        d["switches"] = s.switches;
+        return d;
+      },
+      py::arg("reset") = false,
+      "Kernel launches, thread blocks, threads and fiber switches since the last reset.");
+#else
+  m.doc() = "CUDA paged attention and reshape_and_cache on raw device pointers.";
+#endif
+
+  // module_local: _cuda_ops and _cuda_emu both bind this C++ type.
+  py::enum_<pc::DType>(m, "DType", py::module_local())
       .value("float16", pc::DType::kFloat16)
       .value("bfloat16", pc::DType::kBFloat16);
 

@@ -38,8 +38,9 @@ workspace (Flash-Decoding, Dao et al. 2023) is allocated once by the caller
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -56,6 +57,8 @@ __all__ = [
     "reshape_and_cache",
     "alloc_decode_workspace",
     "cuda_kernels_available",
+    "cuda_emulation_available",
+    "emulate_cuda_kernels",
     "set_num_threads",
     "get_num_threads",
     "rms_norm",
@@ -76,13 +79,16 @@ class _Backend(NamedTuple):
     Attributes:
         dtypes: accepted torch dtypes -> the kernel's dtype enum value.
         paged_attention, reshape_and_cache: take the CPU kernels' positional
-            arguments (data pointers, sizes, kernel dtype); non-CPU backends
+            arguments (data pointers, sizes, kernel dtype); the CUDA kernels'
             also take keyword arguments (see :class:`_CudaKernels`).
+        cuda: the :class:`_CudaKernels` behind a CUDA-kernel backend (also the
+            CPU emulation's, :func:`emulate_cuda_kernels`), else None.
     """
 
     dtypes: Mapping[torch.dtype, Any]
     paged_attention: Callable[..., None]
     reshape_and_cache: Callable[..., None]
+    cuda: _CudaKernels | None = None
 
 
 class _CudaKernels:
@@ -102,6 +108,16 @@ class _CudaKernels:
         self.num_sms = num_sms or _num_sms
         self.dtypes = {torch.float16: module.DType.float16,
                        torch.bfloat16: module.DType.bfloat16}
+
+    def backend(self) -> _Backend:
+        """These kernels as a :data:`_BACKENDS` entry."""
+        return _Backend(self.dtypes, self.paged_attention, self.reshape_and_cache, self)
+
+    def workspace_bytes(self, device: torch.device, max_num_seqs: int, num_heads: int,
+                        num_kv_heads: int, head_size: int, max_seq_len: int) -> int:
+        """Split-K workspace bytes for decode batches up to these sizes on ``device``."""
+        return self.module.decode_workspace_bytes(max_num_seqs, num_heads, num_kv_heads,
+                                                  head_size, max_seq_len, self.num_sms(device))
 
     def reshape_and_cache(self, key: int, value: int, key_cache: int, value_cache: int,
                           slot_mapping: int, num_tokens: int, num_kv_heads: int, head_size: int,
@@ -127,9 +143,8 @@ class _CudaKernels:
         sms = self.num_sms(device)
         max_seq_len = max(1, max_seq_len or max_blocks_per_seq * block_size)
         if workspace is None and num_seqs:
-            nbytes = self.module.decode_workspace_bytes(
-                num_seqs, num_heads, num_kv_heads, head_size, max_seq_len, sms
-            )
+            nbytes = self.workspace_bytes(device, num_seqs, num_heads, num_kv_heads, head_size,
+                                          max_seq_len)
             if nbytes:
                 workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
         ws_ptr, ws_bytes = (0, 0) if workspace is None else (
@@ -162,13 +177,63 @@ _BACKENDS: dict[str, _Backend] = {
     "cpu": _Backend(_DTYPES, _core._paged_attention_ptr, _core._reshape_and_cache_ptr),
 }
 if _cuda_ops is not None:
-    _cuda = _CudaKernels(_cuda_ops)
-    _BACKENDS["cuda"] = _Backend(_cuda.dtypes, _cuda.paged_attention, _cuda.reshape_and_cache)
+    _BACKENDS["cuda"] = _CudaKernels(_cuda_ops).backend()
 
 
 def cuda_kernels_available() -> bool:
     """True when the CUDA extension is built and torch sees a GPU."""
     return "cuda" in _BACKENDS and torch.cuda.is_available()
+
+
+def cuda_emulation_available() -> bool:
+    """True when ``paternoster._cuda_emu`` (the CUDA kernels on the CPU
+    emulation of ``cuda/emu``) is built: where CMake found the CUDA toolkit on
+    an x86-64 host."""
+    try:
+        from paternoster import _cuda_emu  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def emulate_cuda_kernels(num_sms: int = 132, schedule_seed: int = 0) -> Iterator[Any]:
+    """Run :func:`paged_attention`, :func:`reshape_and_cache` and
+    :func:`alloc_decode_workspace` on CPU tensors through the CUDA kernels'
+    own code and host API, compiled against the CPU emulation of the CUDA
+    execution model (``cuda/emu/cuda_emu.h``: every CUDA thread a fiber,
+    barriers and warp shuffles exact, launches synchronous). Slow; for tests
+    and ``bench/gpu_check.py --dry-run`` on a machine without a GPU.
+
+    While active, CPU tensors take the CUDA dtypes (float16, bfloat16; no
+    float32) and the CUDA path's keyword arguments (``max_query_len``,
+    ``max_seq_len``, ``workspace``). Not thread-safe: it swaps the CPU backend
+    of this module for the duration of the ``with`` block.
+
+    Args:
+        num_sms: multiprocessors the split-K plan aims to fill (132: H100/H200).
+        schedule_seed: 0 runs emulated threads in index order between barriers;
+            another value shuffles that order per round (a missing barrier then
+            changes results between seeds).
+    Yields:
+        the ``paternoster._cuda_emu`` module (``emu_stats()``, ``set_schedule_seed()``).
+    Raises:
+        ValueError: the emulation is not built (see :func:`cuda_emulation_available`).
+    """
+    try:
+        from paternoster import _cuda_emu
+    except ImportError as e:
+        raise ValueError(f"the CUDA emulation (paternoster._cuda_emu) is not available ({e}); "
+                         "it is built where CMake finds the CUDA toolkit, on x86-64") from e
+    kernels = _CudaKernels(_cuda_emu, stream=lambda device: 0, num_sms=lambda device: num_sms)
+    saved = _BACKENDS["cpu"]
+    old_seed = _cuda_emu.set_schedule_seed(schedule_seed)
+    _BACKENDS["cpu"] = kernels.backend()
+    try:
+        yield _cuda_emu
+    finally:
+        _BACKENDS["cpu"] = saved
+        _cuda_emu.set_schedule_seed(old_seed)
 
 
 def alloc_decode_workspace(device: torch.device | str, max_num_seqs: int, num_heads: int,
@@ -187,13 +252,17 @@ def alloc_decode_workspace(device: torch.device | str, max_num_seqs: int, num_he
     Returns:
         A uint8 tensor, or None when no batch of these sizes splits.
     Raises:
-        ValueError: the CUDA extension is not built, or a non-positive size.
+        ValueError: the CUDA extension is not built (or ``device`` has no CUDA
+            kernels), or a non-positive size.
     """
-    if _cuda_ops is None:
-        raise ValueError("the CUDA kernels (paternoster._cuda_ops) are not built")
     device = torch.device(device)
-    nbytes = _cuda_ops.decode_workspace_bytes(max_num_seqs, num_heads, num_kv_heads, head_size,
-                                              max_seq_len, _num_sms(device))
+    backend = _BACKENDS.get(device.type)
+    if backend is None or backend.cuda is None:
+        if _cuda_ops is None:
+            raise ValueError("the CUDA kernels (paternoster._cuda_ops) are not built")
+        raise ValueError(f"device {device} has no CUDA kernels")
+    nbytes = backend.cuda.workspace_bytes(device, max_num_seqs, num_heads, num_kv_heads,
+                                          head_size, max_seq_len)
     return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
 
 
@@ -314,7 +383,7 @@ def reshape_and_cache(
     backend = _BACKENDS[device.type]
     args = (key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
             slot_mapping.data_ptr(), t, hkv, d, num_slots, backend.dtypes[key.dtype])
-    if device.type == "cpu":
+    if backend.cuda is None:
         backend.reshape_and_cache(*args)
     else:
         backend.reshape_and_cache(*args, device=device)
@@ -437,7 +506,7 @@ def paged_attention(
     args = (out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
             block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(), *sizes,
             float(scale), backend.dtypes[query.dtype])
-    if device.type == "cpu":
+    if backend.cuda is None:
         backend.paged_attention(*args)
     else:
         backend.paged_attention(*args, device=device, max_query_len=max_query_len,

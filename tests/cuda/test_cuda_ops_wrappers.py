@@ -115,9 +115,7 @@ def fake(monkeypatch):
     """A CUDA-style backend for the meta device over FakeCudaOps."""
     module = FakeCudaOps()
     kernels = ops._CudaKernels(module, stream=lambda device: 0xBEEF, num_sms=lambda device: 132)
-    monkeypatch.setitem(ops._BACKENDS, "meta",
-                        ops._Backend(kernels.dtypes, kernels.paged_attention,
-                                     kernels.reshape_and_cache))
+    monkeypatch.setitem(ops._BACKENDS, "meta", kernels.backend())
     return module
 
 
@@ -167,6 +165,7 @@ def test_backend_cache_write(fake):
 
 def test_alloc_decode_workspace_needs_the_extension(monkeypatch):
     monkeypatch.setattr(ops, "_cuda_ops", None)
+    monkeypatch.delitem(ops._BACKENDS, "cuda", raising=False)
     with pytest.raises(ValueError, match="not built"):
         ops.alloc_decode_workspace("cuda", 8, 32, 8, 128, 4096)
 

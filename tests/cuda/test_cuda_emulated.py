@@ -1,0 +1,196 @@
+"""The CUDA kernels' own code on a CPU: ``paternoster._cuda_emu`` compiles
+cuda/src unchanged against the emulation of the CUDA execution model in
+cuda/emu (every CUDA thread a fiber; __syncthreads, __syncwarp and warp
+shuffles exact), and :func:`paternoster.ops.emulate_cuda_kernels` routes CPU
+tensors through it and through the same Python backend as on a GPU.
+
+Checked against the float32 torch reference of bench/gpu_check.py (fresh
+random inputs, NaN-poisoned outputs and unused cache slots, relative L2 error
+below the dtype's tolerance, no zero rows): every correctness case of the GPU
+check, the split-K variants, both cache-write paths, padding rows, and the
+model runner's forward against HF transformers. Shuffled thread orders must
+give bit-identical results (a missing barrier would not). Timing, occupancy
+and the CUDA graph capture are not emulated: those stay with the GPU run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from paternoster import ops
+
+from .conftest import load_gpu_check
+
+gc = load_gpu_check()
+
+pytestmark = pytest.mark.skipif(not ops.cuda_emulation_available(),
+                                reason="paternoster._cuda_emu not built (needs the CUDA toolkit)")
+
+# The GPU check's cases; its 40k-token split-K case is shortened (same plan:
+# 32 splits of one sequence, partitions merged inside a split without workspace).
+LONG = dataclasses.replace(gc.CASES[2], name="decode split-K 9k ctx", ctx_lens=(9000, 700))
+CASES = [LONG if c is gc.CASES[2] else c for c in gc.CASES]
+
+
+@pytest.fixture
+def emu():
+    with ops.emulate_cuda_kernels() as module:
+        module.emu_stats(True)
+        yield module
+
+
+def assert_ok(res: dict) -> None:
+    assert res["finite"], res
+    assert res["zero_rows"] == 0, res
+    assert res["rel_err"] < res["tol"], res
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_paged_attention_matches_reference(emu, case):
+    res = gc.check_attention_case(case, "cpu", seed=torch.seed() % 2**31, ops_module=ops)
+    assert_ok(res)
+    stats = emu.emu_stats()
+    assert stats["launches"] >= 2 and stats["threads"] > 0  # the emulated kernels ran
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.dtype == torch.bfloat16][:3],
+                         ids=lambda c: c.name)
+def test_float16_variant_matches_reference(emu, case):
+    assert_ok(gc.check_attention_case(case, "cpu", seed=3, ops_module=ops, dtype=torch.float16))
+
+
+# Workspace bytes of one split of LONG: 2 sequences x 32 heads x (D + 2) floats.
+PER_SPLIT = 2 * 32 * (128 + 2) * 4
+
+
+def test_the_long_case_splits_and_the_workspace_bounds_the_splits(emu):
+    assert emu.decode_num_splits(2, 32, 8, 9001, 132) == 32
+    blocks = {}
+    for label, ws in (("planned", None), ("none", torch.empty(0, dtype=torch.uint8)),
+                      ("small", torch.empty(4 * PER_SPLIT + 100, dtype=torch.uint8))):
+        emu.emu_stats(True)
+        assert_ok(gc.check_attention_case(LONG, "cpu", seed=11, ops_module=ops, workspace=ws))
+        blocks[label] = emu.emu_stats()["blocks"]
+    # decode grid: 8 kv heads x 2 sequences x splits (+ 2 x 32 reduction blocks when split)
+    assert blocks["none"] == 16
+    assert blocks["planned"] == 16 * 32 + 2 * 32
+    assert blocks["small"] == 16 * 4 + 2 * 32  # room for 4 splits: 4 are used
+
+
+def test_default_hints_launch_both_kernels(emu):
+    assert_ok(gc.check_attention_case(gc.CASES[10], "cpu", seed=12, ops_module=ops,
+                                      kernel_hints=False))
+
+
+SHUFFLED = (
+    gc.Case("decode split-K gqa4", torch.bfloat16, 8, 2, 128, 16, (1, 1, 1), (1, 300, 1200)),
+    gc.Case("prefill over context gqa4", torch.bfloat16, 8, 2, 128, 16, (37, 5), (100, 17)),
+    CASES[9],
+)
+
+
+@pytest.mark.parametrize("case", SHUFFLED, ids=lambda c: c.name)
+def test_shuffled_thread_orders_give_identical_results(case):
+    """Each thread runs alone between barriers; a shared-memory read that lacks
+    a barrier after its write would see a different value in another order."""
+    outs = []
+    for seed in (0, 1, 0x9E3779B97F4A7C15):
+        with ops.emulate_cuda_kernels(schedule_seed=seed):
+            c = gc.make_attention_case(case, "cpu", seed=21)
+            ops.paged_attention(c["query"], c["key_cache"], c["value_cache"],
+                                c["block_tables"], c["seq_lens"], c["query_start_loc"],
+                                c["scale"], out=c["out"], max_query_len=max(c["q_lens"]),
+                                max_seq_len=max(c["seq_lens_host"]))
+            outs.append(c["out"])
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    res = gc.compare(outs[0], gc.reference_attention(c))
+    assert res["finite"] and res["rel_err"] < gc.TOLERANCE[case.dtype], res
+
+
+def test_reshape_and_cache_writes_only_valid_slots(emu):
+    assert gc.check_reshape_and_cache(ops, "cpu", seed=5)["ok"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reshape_and_cache_narrow_rows(emu, dtype):
+    """Rows that are not 16-byte multiples (Hkv * D * 2 = 12 bytes) take the
+    4-byte copy; slots past the cache and negative slots are skipped."""
+    t, hkv, d, nb, bs = 9, 1, 6, 4, 8
+    key = torch.randn(t, hkv, d).to(dtype)
+    value = torch.randn(t, hkv, d).to(dtype)
+    slots = torch.tensor([0, 5, 31, -1, 17, 8, 30, -7, 2], dtype=torch.int64)
+    kc = torch.full((nb, bs, hkv, d), float("nan"), dtype=dtype)
+    vc = kc.clone()
+    ops.reshape_and_cache(key, value, kc, vc, slots)
+    keep = slots >= 0
+    ref_k = torch.full_like(kc, float("nan"))
+    ref_v = ref_k.clone()
+    ref_k.view(-1, hkv, d)[slots[keep]] = key[keep]
+    ref_v.view(-1, hkv, d)[slots[keep]] = value[keep]
+    assert torch.equal(kc.nan_to_num(7.0), ref_k.nan_to_num(7.0))
+    assert torch.equal(vc.nan_to_num(7.0), ref_v.nan_to_num(7.0))
+
+
+def test_padding_rows_are_zeros(emu):
+    assert gc.check_padding_rows(ops, "cpu", seed=6)["ok"]
+
+
+def test_rows_outside_the_batch_are_left_alone(emu):
+    """A step's output rows past query_start_loc[B] (and before [0]) keep their
+    contents: the kernels write only the rows they own."""
+    c = gc.make_attention_case(CASES[10], "cpu", seed=8)
+    qsl = c["query_start_loc"]
+    c["query_start_loc"] = qsl + 2
+    t, hq, d = c["query"].shape
+    query = torch.randn(t + 4, hq, d).to(c["query"].dtype)
+    query[2: t + 2] = c["query"]
+    out = torch.full((t + 4, hq, d), 3.0, dtype=query.dtype)
+    ops.paged_attention(query, c["key_cache"], c["value_cache"], c["block_tables"],
+                        c["seq_lens"], c["query_start_loc"], c["scale"], out=out)
+    assert (out[:2] == 3.0).all() and (out[t + 2:] == 3.0).all()
+    res = gc.compare(out[2: t + 2], gc.reference_attention(c))
+    assert res["finite"] and res["rel_err"] < 1e-2, res
+
+
+def test_cuda_dtypes_only_while_emulating(emu):
+    q = torch.zeros(1, 8, 64)
+    cache = torch.zeros(1, 16, 8, 64)
+    idx = torch.zeros(1, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="query must be float16 or bfloat16"):
+        ops.paged_attention(q, cache, cache, idx, idx[0], torch.zeros(2, dtype=torch.int32), 0.1)
+
+
+def test_unsupported_head_size_is_a_value_error(emu):
+    q = torch.zeros(1, 2, 96, dtype=torch.bfloat16)
+    cache = torch.zeros(1, 16, 2, 96, dtype=torch.bfloat16)
+    idx = torch.zeros(1, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="head_size must be 64 or 128"):
+        ops.paged_attention(q, cache, cache, idx, torch.ones(1, dtype=torch.int32),
+                            torch.tensor([0, 1], dtype=torch.int32), 0.1)
+
+
+def test_the_cpu_backend_is_restored():
+    with ops.emulate_cuda_kernels():
+        assert ops._BACKENDS["cpu"].cuda is not None
+    assert ops._BACKENDS["cpu"].cuda is None
+    q = torch.randn(1, 2, 16)
+    cache = torch.randn(1, 16, 2, 16)
+    ops.paged_attention(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32),
+                        torch.ones(1, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+                        0.25)  # float32 and D=16: the CPU kernels again
+
+
+def test_alloc_decode_workspace_under_emulation(emu):
+    ws = ops.alloc_decode_workspace("cpu", 8, 32, 8, 128, 8192)
+    assert ws is not None and ws.dtype == torch.uint8
+    assert ws.numel() == emu.decode_workspace_bytes(8, 32, 8, 128, 8192, 132)
+
+
+def test_model_path_matches_hf(emu):
+    """The model runner's bf16 forward with the CUDA attention kernels (emulated)
+    against HF's float32 forward of the same weights: prefill, then decodes."""
+    res = gc.check_model_path(seed=2, steps=4, device="cpu")
+    assert res["ok"], res
+    assert emu.emu_stats()["launches"] > 0
