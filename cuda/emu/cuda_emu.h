@@ -19,6 +19,7 @@
 //     missing lane or a mask other than 0xffffffff, lanes of one warp that
 //     wait at different kinds of barrier, and a block whose threads can no
 //     longer all meet at a barrier (deadlock).
+//   - __ldg of a misaligned address fails the launch (a GPU would fault).
 //   - Launch configurations are checked like the runtime's (block <= 1024
 //     threads, grid y/z <= 65535, no empty grid): cudaErrorInvalidConfiguration.
 //   - Device pointers are host pointers; streams are ignored (launches are
@@ -77,6 +78,9 @@ extern thread_local dim3 grid_dim;
 void syncthreads();
 void syncwarp(unsigned mask);
 uint32_t shfl_xor_bits(unsigned mask, uint32_t bits, int lane_mask, int width);
+
+// Fails the launch from inside a kernel with `why` (never returns).
+[[noreturn]] void fault(const char* why);
 
 // Runs `body` as every thread of every block of the grid; the result is also
 // the value cudaGetLastError() reports next.
@@ -152,8 +156,11 @@ inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
       ::pn_emu::shfl_xor_bits(mask, ::pn_emu::to_bits(var), lane_mask, width));
 }
 
+// A misaligned vector load faults on a GPU (cudaErrorMisalignedAddress); here
+// it fails the launch.
 template <typename T>
 inline T __ldg(const T* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) ::pn_emu::fault("misaligned __ldg");
   return *p;
 }
 

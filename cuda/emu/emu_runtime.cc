@@ -274,6 +274,8 @@ const char* error_name(cudaError_t e) {
 
 }  // namespace
 
+void fault(const char* why) { fail(why); }
+
 void syncthreads() {
   Fiber& f = self();
   Block& b = *g_block;

@@ -184,6 +184,19 @@ TEST(CudaEmu, ReportsLanesAtDifferentWarpBarriers) {
   expect_launch_failure("different barriers");
 }
 
+__global__ void vector_load(const char* base, int offset, uint4* out) {
+  *out = __ldg(reinterpret_cast<const uint4*>(base + offset));
+}
+
+TEST(CudaEmu, ReportsAMisalignedVectorLoad) {
+  alignas(16) char buf[64] = {};
+  uint4 out;
+  ::pn_emu::launch(vector_load, 1, 1)(buf, 16, &out);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  ::pn_emu::launch(vector_load, 1, 1)(buf, 8, &out);
+  expect_launch_failure("misaligned");
+}
+
 TEST(CudaEmu, ChecksTheLaunchConfiguration) {
   std::vector<uint32_t> out(4096);
   ::pn_emu::launch(write_indices, dim3(0), dim3(32))(out.data());

@@ -1,0 +1,43 @@
+"""bench/gpu_check.py without a GPU: ``--dry-run`` prints the table and writes
+the JSON, and its correctness phase (the GPU phase's own code) passes on the
+CPU emulation of the CUDA kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+from paternoster import ops
+
+from .conftest import load_gpu_check
+
+gc = load_gpu_check()
+
+
+def test_dry_run_writes_the_table(tmp_path, capsys):
+    rc = gc.main(["--dry-run", "--skip", "correctness", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    checks = {row["check"]: row["status"] for row in data["table"]}
+    assert checks["imports (no HTTP/ZMQ modules)"] == "PASS"
+    assert checks["e2e decode batch 256"] == "n/a"
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1].startswith("wrote ")
+    assert "roofline step" in out
+
+
+@pytest.mark.skipif(not ops.cuda_emulation_available(), reason="paternoster._cuda_emu not built")
+def test_correctness_phase_passes_on_the_emulation(monkeypatch):
+    long = dataclasses.replace(gc.CASES[2], ctx_lens=(9000, 700))  # the 40k case, shorter
+    monkeypatch.setattr(gc, "CASES", (gc.CASES[0], long, gc.CASES[9]))
+    report = gc.Report()
+    with ops.emulate_cuda_kernels():
+        gc.phase_correctness(report, gc.Clock(time.time() + 600), device="cpu")
+    results = report.data["correctness"]
+    assert all(r["ok"] for r in results.values()), results
+    assert "cuda graph replay" not in results  # not emulated
+    assert any(name.startswith("model path") for name in results)
+    assert report.rows[0][3] == "PASS" and "CPU emulation" in report.rows[0][0]
