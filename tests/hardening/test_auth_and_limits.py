@@ -44,14 +44,14 @@ def test_api_key_from_the_environment(monkeypatch):
 
 def test_check_capacity_counts_requests_and_tokens():
     client = EngineClient(None, max_waiting_requests=2, max_waiting_tokens=100)
-    client.check_capacity(5, 500)  # nothing waits: even a big request is admitted
+    client.check_capacity(5, 500).release()  # nothing waits: even a big request is admitted
     client._waiting.update({"a": 40, "b": 40})
     client._waiting_tokens = 80
     with pytest.raises(EngineOverloadedError, match="max-waiting-requests"):
         client.check_capacity(1, 1)
     del client._waiting["b"]
     client._waiting_tokens = 40
-    client.check_capacity(1, 60)
+    client.check_capacity(1, 60).release()
     with pytest.raises(EngineOverloadedError, match="max-waiting-tokens"):
         client.check_capacity(1, 61)
 

@@ -12,8 +12,13 @@ Admission control: a request counts as *waiting* from the moment it is sent
 until its first output arrives (queued in the engine or still in prefill).
 :meth:`EngineClient.check_capacity` refuses new work with
 :class:`EngineOverloadedError` once ``max_waiting_requests`` or
-``max_waiting_tokens`` (prompt tokens) would be exceeded, and a request that
-waits longer than ``queue_timeout`` seconds is aborted with the same error.
+``max_waiting_tokens`` (prompt tokens) would be exceeded; work it admits
+holds a :class:`Reservation` of its room at once, in the same step as the
+check, so a burst admitted in one event-loop turn cannot overshoot a limit.
+:meth:`EngineClient.generate` turns a reserved slot into a waiting entry when
+the request is sent; whatever is never sent goes back with
+:meth:`Reservation.release`. A request that waits longer than
+``queue_timeout`` seconds is aborted with :class:`EngineOverloadedError`.
 
 The config handshake carries a random token (passed to the child in the
 ``PATERNOSTER_ENGINE_TOKEN`` environment variable, never on the command line):
@@ -33,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -84,6 +90,88 @@ class EngineOverloadedError(RuntimeError):
 class RequestRejectedError(ValueError):
     """The engine refused a request (``EngineCore.add_request`` raised
     ``ValueError``); the message says why."""
+
+
+class Reservation:
+    """Room in an :class:`EngineClient`'s waiting queue, set aside by
+    :meth:`EngineClient.check_capacity` for requests not sent yet.
+
+    It counts against ``max_waiting_requests`` and ``max_waiting_tokens``
+    like requests that wait. :meth:`EngineClient.generate` takes one request's
+    share of it when it sends a request (the request then waits instead);
+    :meth:`release` gives back what is left, so call it (or leave a ``with``
+    block) on every path where some of the requests are never sent: a
+    validation error, a client that disconnected, a cancellation. Releasing
+    twice, or after everything was taken, does nothing. A reservation dropped
+    without a release gives its room back when it is garbage-collected (and
+    logs a warning: a code path forgot to release it).
+
+    Not created directly: :meth:`EngineClient.check_capacity` returns it.
+    """
+
+    def __init__(self, client: EngineClient, num_requests: int, num_tokens: int):
+        self._requests = self._tokens = 0  # until counted below (see __del__)
+        self._client = client
+        self._thread = threading.get_ident()
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        client._reserved_requests += num_requests
+        client._reserved_tokens += num_tokens
+        self._requests, self._tokens = num_requests, num_tokens
+
+    @property
+    def num_requests(self) -> int:
+        """Requests still reserved (not sent, not released)."""
+        return self._requests
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt tokens still reserved."""
+        return self._tokens
+
+    def take(self, num_tokens: int) -> None:
+        """Hand one request's share (one request, ``num_tokens`` prompt tokens;
+        the last request takes every token left) back to the client, which
+        counts that request as waiting instead. Called by
+        :meth:`EngineClient.generate`; does nothing once nothing is left.
+
+        Args:
+            num_tokens: the request's prompt tokens.
+        """
+        if self._requests <= 0:
+            return
+        tokens = self._tokens if self._requests == 1 else min(max(num_tokens, 0), self._tokens)
+        self._requests -= 1
+        self._tokens -= tokens
+        self._client._unreserve(1, tokens)
+
+    def release(self) -> None:
+        """Give back the room of every request not sent yet. Idempotent; never raises."""
+        requests, tokens = self._requests, self._tokens
+        self._requests = self._tokens = 0
+        if requests or tokens:
+            self._client._unreserve(requests, tokens)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        requests, tokens = self._requests, self._tokens
+        if not (requests or tokens):
+            return
+        self._requests = self._tokens = 0
+        with contextlib.suppress(Exception):  # never raise from a finalizer
+            logger.warning("a reservation of %d requests was never released; releasing it now",
+                           requests)  # fmt: skip
+            if threading.get_ident() == self._thread or self._loop is None:
+                self._client._unreserve(requests, tokens)
+            elif not self._loop.is_closed():  # collected on another thread: count on ours
+                self._loop.call_soon_threadsafe(self._client._unreserve, requests, tokens)
 
 
 class EngineClient:
@@ -171,6 +259,8 @@ class EngineClient:
         self._reply_ids = itertools.count()
         self._waiting: dict[str, int] = {}  # request id -> prompt tokens, until first output
         self._waiting_tokens = 0
+        self._reserved_requests = 0  # admitted by check_capacity, not sent yet
+        self._reserved_tokens = 0
         self._refusing: str | None = None  # why new requests are refused (shutdown)
         self._token = secrets.token_hex(16)
 
@@ -337,7 +427,9 @@ class EngineClient:
 
     # ------------------------------------------------------------- requests
 
-    async def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
+    async def generate(
+        self, request: EngineCoreRequest, reservation: Reservation | None = None
+    ) -> AsyncIterator[EngineCoreOutput]:
         """Send a request and yield its outputs until it finishes.
 
         Closing the iterator early (``aclose``, cancellation, a client that
@@ -346,6 +438,11 @@ class EngineClient:
         Args:
             request: the tokenized request; ``request_id`` must be unique
                 among in-flight requests.
+            reservation: the :meth:`check_capacity` reservation the request
+                was admitted under: one request's share of it becomes the
+                request's waiting entry in the same step the request is sent.
+                If the request is refused before it is sent (an error below),
+                its share stays reserved; the caller releases it.
         Yields:
             EngineCoreOutput: in order; the last has ``finish_reason`` set.
         Raises:
@@ -368,6 +465,8 @@ class EngineClient:
         self._queues[rid] = queue
         self._waiting[rid] = len(request.prompt_token_ids)
         self._waiting_tokens += self._waiting[rid]
+        if reservation is not None:  # the same step: counted as one or the other
+            reservation.take(self._waiting[rid])
         deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
         done = False
         try:
@@ -406,32 +505,52 @@ class EngineClient:
         if tokens is not None:
             self._waiting_tokens -= tokens
 
-    def check_capacity(self, num_requests: int, num_tokens: int) -> None:
-        """Refuse new work that would overfill the waiting queue.
+    def check_capacity(self, num_requests: int, num_tokens: int) -> Reservation:
+        """Admit new work unless it would overfill the waiting queue, and reserve
+        its room in the same step.
 
-        A request that alone exceeds ``max_waiting_tokens`` is admitted only
-        when nothing is waiting, so it can never be refused forever.
+        Requests already waiting and requests admitted but not sent yet (held
+        in reservations) both count, so however many checks run before any of
+        their requests is sent, no more than the limits are admitted. Work that
+        alone exceeds a limit (more than ``max_waiting_requests`` requests or
+        ``max_waiting_tokens`` tokens) is admitted only when nothing waits and
+        nothing is reserved, so it is never refused forever.
 
         Args:
             num_requests: engine requests about to be sent (prompts x ``n``).
             num_tokens: their prompt tokens in total.
+        Returns:
+            The :class:`Reservation` of their room: pass it to
+            :meth:`generate` with each request, and release it (or use it as a
+            context manager) on every path where some are never sent.
         Raises:
             EngineOverloadedError: ``max_waiting_requests`` or
-                ``max_waiting_tokens`` would be exceeded.
+                ``max_waiting_tokens`` would be exceeded (nothing is reserved).
+            ValueError: a negative count.
         """
-        waiting = len(self._waiting)
+        if num_requests < 0 or num_tokens < 0:
+            raise ValueError(f"counts must be >= 0, got {num_requests} requests, "
+                             f"{num_tokens} tokens")  # fmt: skip
+        queued = len(self._waiting) + self._reserved_requests
         cap = self.max_waiting_requests
-        if cap is not None and waiting + num_requests > cap and waiting > 0:
+        if cap is not None and queued + num_requests > cap and queued > 0:
             raise EngineOverloadedError(
-                f"server is overloaded: {waiting} requests are waiting "
+                f"server is overloaded: {queued} requests are waiting "
                 f"(--max-waiting-requests {cap}); retry later"
             )
+        tokens = self._waiting_tokens + self._reserved_tokens
         cap = self.max_waiting_tokens
-        if cap is not None and self._waiting_tokens + num_tokens > cap and waiting > 0:
+        if cap is not None and tokens + num_tokens > cap and queued > 0:
             raise EngineOverloadedError(
-                f"server is overloaded: {self._waiting_tokens} prompt tokens are waiting "
+                f"server is overloaded: {tokens} prompt tokens are waiting "
                 f"(--max-waiting-tokens {cap}); retry later"
             )
+        return Reservation(self, num_requests, num_tokens)
+
+    def _unreserve(self, num_requests: int, num_tokens: int) -> None:
+        """Take reserved room off the counts (a :class:`Reservation` calls this)."""
+        self._reserved_requests = max(0, self._reserved_requests - num_requests)
+        self._reserved_tokens = max(0, self._reserved_tokens - num_tokens)
 
     @property
     def num_waiting(self) -> int:
@@ -442,6 +561,16 @@ class EngineClient:
     def num_waiting_tokens(self) -> int:
         """Prompt tokens of the waiting requests."""
         return self._waiting_tokens
+
+    @property
+    def num_reserved(self) -> int:
+        """Requests admitted by :meth:`check_capacity` and not sent yet (nor released)."""
+        return self._reserved_requests
+
+    @property
+    def num_reserved_tokens(self) -> int:
+        """Prompt tokens of the reserved requests."""
+        return self._reserved_tokens
 
     def abort(self, request_ids: Iterable[str]) -> None:
         """Ask the engine to abort requests (non-blocking; unknown ids are

@@ -429,6 +429,9 @@ class ZmqServer:
         except Exception as e:
             logger.exception("request %s failed", rid)
             final = _error(p.INTERNAL, f"internal error: {type(e).__name__}", request_id=rid)
+        finally:
+            if gen is not None:  # deltas() released it, unless it never ran
+                gen.release()
         if peer.requests.get(rid) is asyncio.current_task():
             self._send(peer, final)
             peer.requests.pop(rid, None)  # _send may have found the peer gone and cleared it
@@ -436,9 +439,15 @@ class ZmqServer:
     async def _start(self, msg: Generate) -> Generation:
         """Tokenize and validate ``msg`` into a :class:`Generation`.
 
+        The request's room in the waiting queue is reserved here (the
+        returned generation holds the reservation; :meth:`Generation.deltas`
+        or :meth:`Generation.release` gives back what was not sent).
+
         Raises:
-            APIError: 400 (bad sampling or prompt) or 503 (engine down).
-            EngineOverloadedError: the waiting queue is full.
+            MessageError: ``bad_request`` (bad sampling, prompt or length).
+            APIError: 400 for a prompt token id outside the vocabulary.
+            EngineDeadError: the engine is down or shutting down.
+            EngineOverloadedError: the waiting queue is full (nothing reserved).
         """
         serving = self.serving
         if not serving.client.is_alive:
@@ -470,11 +479,15 @@ class ZmqServer:
         except APIError as e:
             name = e.param if e.param in ("prompt", None) else f"sampling.{e.param}"
             raise MessageError(p.BAD_REQUEST, e.message, name) from None
-        serving.client.check_capacity(1, len(ids))
-        return Generation(
-            serving.client, serving.tokenizer, f"zmq-{uuid.uuid4().hex}", [ids], params,
-            serving.max_model_len, msg.priority, serving.metrics,
-        )  # fmt: skip
+        reservation = serving.client.check_capacity(1, len(ids))
+        try:
+            return Generation(
+                serving.client, serving.tokenizer, f"zmq-{uuid.uuid4().hex}", [ids], params,
+                serving.max_model_len, msg.priority, serving.metrics, reservation,
+            )  # fmt: skip
+        except BaseException:
+            reservation.release()
+            raise
 
     def _final(self, rid: str, gen: Generation | None, last: ChoiceDelta | None,
                reason: str | None = None, streamed: bool = False) -> dict:  # fmt: skip

@@ -356,6 +356,8 @@ def build_app(
                 "num_in_flight": client.num_in_flight,
                 "num_waiting": client.num_waiting,
                 "num_waiting_tokens": client.num_waiting_tokens,
+                "num_reserved": client.num_reserved,
+                "num_reserved_tokens": client.num_reserved_tokens,
                 "engine_pid": client.pid,
                 "scheduler": client.info.get("scheduler"),
                 "engine": client.stats,

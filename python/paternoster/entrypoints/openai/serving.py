@@ -35,6 +35,7 @@ from paternoster.entrypoints.engine_client import (
     EngineDeadError,
     EngineOverloadedError,
     RequestRejectedError,
+    Reservation,
 )
 from paternoster.entrypoints.openai.errors import APIError, bad_request, error_body
 from paternoster.entrypoints.openai.logprobs import (
@@ -107,6 +108,10 @@ class Generation:
         metrics: where each choice's latencies, tokens and finish reason are
             recorded (``None``: not recorded). A choice cut short by a client
             disconnect (or a sibling's error) counts as ``abort``.
+        reservation: the waiting-queue room :meth:`EngineClient.check_capacity`
+            reserved for these choices. Each choice takes its share when it
+            is sent; :meth:`deltas` gives back the rest when it ends, and
+            :meth:`release` does when it never runs.
     """
 
     def __init__(
@@ -119,9 +124,11 @@ class Generation:
         max_model_len: int | None = None,
         priority: int = 0,
         metrics: RequestMetrics | None = None,
+        reservation: Reservation | None = None,
     ):
         self.client = client
         self.metrics = metrics
+        self.reservation = reservation
         self.prompts = prompts
         self.n = params.n
         self.jobs = []
@@ -129,6 +136,12 @@ class Generation:
             first = p * params.n
             for index, req in fan_out(request_id, ids, params, first, max_model_len, priority):
                 self.jobs.append((req, SequenceState(index, tokenizer, ids, req.sampling_params)))
+
+    def release(self) -> None:
+        """Give back the reserved waiting-queue room of the choices not sent to
+        the engine (all of them when :meth:`deltas` never ran). Idempotent."""
+        if self.reservation is not None:
+            self.reservation.release()
 
     @property
     def states(self) -> list[SequenceState]:
@@ -150,7 +163,8 @@ class Generation:
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
         """Run every choice concurrently and yield their deltas as they come.
 
-        Closing this iterator aborts the engine requests still running.
+        Closing this iterator aborts the engine requests still running and
+        releases the reserved room of choices that were never sent.
 
         Raises:
             EngineDeadError, RequestRejectedError: from the engine client.
@@ -161,7 +175,8 @@ class Generation:
             tracker = self.metrics.track(len(req.prompt_token_ids)) if self.metrics else None
             reason = "abort"  # unless it ends below: cancelled (client gone)
             try:
-                async with contextlib.aclosing(self.client.generate(req)) as outputs:
+                outputs = self.client.generate(req, self.reservation)
+                async with contextlib.aclosing(outputs):
                     async for out in outputs:
                         if tracker is not None:
                             tracker.on_output(out)
@@ -190,7 +205,8 @@ class Generation:
                     yield item
         finally:
             for t in tasks:
-                t.cancel()
+                t.cancel()  # a task not started yet never sends its request
+            self.release()
 
 
 @dataclass
@@ -250,6 +266,8 @@ class OpenAIServing:
             A JSON response or an SSE ``StreamingResponse``.
         Raises:
             APIError: 400 bad input, 404 unknown model, 503 engine dead.
+            EngineOverloadedError: the waiting queue is full (the app answers
+                503 with ``Retry-After``); nothing stays reserved.
         """
         self._check_model(body.model)
         prompts, texts = await self.run_tokenizer(self._completion_prompts, body.prompt)
@@ -260,13 +278,18 @@ class OpenAIServing:
         logprobs = body.logprobs
         prompt_logprobs = logprobs if body.echo else None
         setup = self._start(body, prompts, max_tokens, "cmpl", logprobs, prompt_logprobs)
-        echo = None
-        if body.echo:
-            echo = [self._echo_text(ids, text) for ids, text in zip(prompts, texts)]
-        if body.stream:
-            return _sse(self._completion_stream(setup, echo, logprobs is not None))
         gen = setup.gen
-        await _run_until_disconnect(raw, _consume(gen))
+        try:  # every way out before the requests are sent gives their room back
+            echo = None
+            if body.echo:
+                echo = [self._echo_text(ids, text) for ids, text in zip(prompts, texts)]
+            if body.stream:
+                stream = self._completion_stream(setup, echo, logprobs is not None)
+                return _sse(stream, on_close=gen.release)
+            await _run_until_disconnect(raw, _consume(gen))
+        except BaseException:
+            gen.release()
+            raise
         choices = [self._completion_choice(gen, s, echo, logprobs is not None) for s in gen.states]
         return CompletionResponse(
             id=setup.request_id, created=setup.created, model=self.model_name, choices=choices,
@@ -299,6 +322,8 @@ class OpenAIServing:
             A JSON response or an SSE ``StreamingResponse``.
         Raises:
             APIError: 400 bad input, 404 unknown model, 503 engine dead.
+            EngineOverloadedError: the waiting queue is full (the app answers
+                503 with ``Retry-After``); nothing stays reserved.
         """
         self._check_model(body.model)
         _, ids = await self.run_tokenizer(self._render_chat, body, body.messages)
@@ -313,10 +338,14 @@ class OpenAIServing:
             raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
         logprobs = (top or 0) if body.logprobs else None
         setup = self._start(body, [ids], max_tokens, "chatcmpl", logprobs)
-        if body.stream:
-            return _sse(self._chat_stream(setup, body.logprobs))
         gen = setup.gen
-        await _run_until_disconnect(raw, _consume(gen))
+        try:  # every way out before the requests are sent gives their room back
+            if body.stream:
+                return _sse(self._chat_stream(setup, body.logprobs), on_close=gen.release)
+            await _run_until_disconnect(raw, _consume(gen))
+        except BaseException:
+            gen.release()
+            raise
         choices = [
             ChatChoice(
                 index=s.index,
@@ -389,17 +418,28 @@ class OpenAIServing:
     ) -> _Setup:
         """Validate sampling, then set up the generation of one HTTP request.
 
+        The requests' room in the waiting queue is reserved here; the
+        generation holds the reservation (see :meth:`Generation.release`).
+
         Raises:
             APIError: 400 for bad sampling parameters.
+            EngineOverloadedError: the waiting queue is full (nothing reserved).
         """
         params = self._sampling_params(body, max_tokens, prompts, logprobs, prompt_logprobs)
-        # EngineOverloadedError (503 with Retry-After) when the queue is full.
-        self.client.check_capacity(len(prompts) * params.n, sum(map(len, prompts)) * params.n)
+        # EngineOverloadedError (503 with Retry-After) when the queue is full;
+        # else the room is reserved now, before any other request is checked.
+        reservation = self.client.check_capacity(
+            len(prompts) * params.n, sum(map(len, prompts)) * params.n
+        )
         request_id = f"{prefix}-{uuid.uuid4().hex}"
-        gen = Generation(
-            self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
-            body.priority, self.metrics,
-        )  # fmt: skip
+        try:
+            gen = Generation(
+                self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
+                body.priority, self.metrics, reservation,
+            )  # fmt: skip
+        except BaseException:
+            reservation.release()
+            raise
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         return _Setup(
@@ -682,12 +722,28 @@ def _error_event(e: Exception) -> str:
     return _event(json.dumps(error_body(status, message)))
 
 
-def _sse(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+class _EventStream(StreamingResponse):
+    """An SSE response that calls ``on_close()`` once it is sent, or failed to
+    be (the client went away), even when its body was never iterated: an
+    async generator that never started runs none of its ``finally`` blocks."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _sse(events: AsyncIterator[str], on_close: Callable[[], None]) -> StreamingResponse:
+    return _EventStream(events, on_close)
 
 
 async def _consume(gen: Generation) -> None:
