@@ -1,0 +1,119 @@
+"""The GPU model path's data flow with the CUDA attention kernels' own code, on
+the CPU emulation of cuda/emu (``ops.emulate_cuda_kernels``): ModelRunner's
+CUDA execute path in bfloat16 with the kernel hints and a preallocated split-K
+workspace, and decode steps through :class:`DecodeGraphs` (batches padded to
+a captured size, padding rows with slot -1 and ``seq_lens`` 0, the kernels'
+split grid sized for ``max_model_len``), against HF transformers' float32
+forward of the same weights. Only the graph capture itself is replaced (by an
+eager replay): CUDA graphs cannot run without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from paternoster import ops
+from paternoster.config import CacheConfig, ModelConfig
+from paternoster.model import cuda_graphs
+from paternoster.model.runner import ModelRunner
+
+from .conftest import BatchMaker, Chunk, hf_logits
+
+pytestmark = pytest.mark.skipif(not ops.cuda_emulation_available(),
+                                reason="paternoster._cuda_emu not built (needs the CUDA toolkit)")
+
+# Head size 64 (the kernels take 64 or 128), GQA 4:1, 2 layers.
+CONFIG = dict(vocab_size=256, hidden_size=256, intermediate_size=384, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+              max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0,
+              tie_word_embeddings=False)  # fmt: skip
+BLOCK = 16
+
+
+class EagerGraphs(cuda_graphs.DecodeGraphs):
+    """DecodeGraphs whose "capture" records an eager forward per size: replay
+    runs the model on the static buffers and writes the output buffer, as the
+    captured graph would."""
+
+    def _capture_all(self, model, kv_caches, workspace, kernel_hints: bool) -> None:
+        self.replays = []
+        for size in self.sizes:
+            attn = self._metadata(size, workspace, kernel_hints)
+            ids, pos = self.input_ids[:size], self.positions[:size]
+            hidden = torch.empty(size, CONFIG["hidden_size"], dtype=torch.bfloat16)
+
+            class Replay:
+                def replay(self, ids=ids, pos=pos, attn=attn, hidden=hidden, size=size,
+                           graphs=self) -> None:
+                    graphs.replays.append(size)
+                    with torch.inference_mode():
+                        hidden.copy_(model(ids, pos, attn, kv_caches))
+
+            self._graphs[size] = (Replay(), hidden)
+
+
+@pytest.fixture(scope="module")
+def hf_and_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.bfloat16)
+    d = tmp_path_factory.mktemp("tiny-llama-d64")
+    hf.save_pretrained(d)
+    return hf.float().eval(), d
+
+
+def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
+    hf, model_dir = hf_and_dir
+    with ops.emulate_cuda_kernels() as emu:
+        runner = ModelRunner(ModelConfig(model=str(model_dir), dtype="bfloat16"),
+                             CacheConfig(block_size=BLOCK, num_kv_blocks=80),
+                             max_num_seqs=8)
+        runner._kernel_hints = True
+        runner.workspace = ops.alloc_decode_workspace(
+            "cpu", 8, CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], 64,
+            runner.max_model_len)
+        assert runner.workspace is not None  # one sequence's long context splits
+        runner.graphs = EagerGraphs(runner.model, runner.kv_caches, torch.device("cpu"),
+                                    max_num_seqs=8, max_model_len=runner.max_model_len,
+                                    block_size=BLOCK, workspace=runner.workspace,
+                                    kernel_hints=True)
+        assert runner.graphs.sizes == [1, 2, 4, 8]
+        for cache in runner.kv_caches:  # slots no sequence owns must stay untouched
+            cache[0].fill_(float("nan"))
+            cache[1].fill_(float("nan"))
+
+        rng = np.random.default_rng(1)
+        seqs = [rng.integers(0, CONFIG["vocab_size"], n).tolist() for n in (300, 7, 40)]
+        maker = BatchMaker(runner.num_kv_blocks, BLOCK, seed=3)
+        logits = {i: [] for i in range(3)}
+        # a prefill step (the CUDA execute path, eager: max_query_len 300) ...
+        batch = maker.batch([Chunk(str(i), s, 0, len(s)) for i, s in enumerate(seqs)],
+                            all_logits=False)
+        out = runner._execute_cuda(batch)
+        emu.emu_stats(True)
+        for i in range(3):
+            logits[i].append(out[i])
+        # ... then 5 decode steps of 3 sequences: the graph of size 4, one padding row
+        for _ in range(5):
+            for i, s in enumerate(seqs):
+                s.append(int(logits[i][-1].argmax()))
+            batch = maker.batch([Chunk(str(i), s, len(s) - 1, 1) for i, s in enumerate(seqs)],
+                                all_logits=False)
+            out = runner._execute_cuda(batch)
+            for i in range(3):
+                logits[i].append(out[i])
+        assert runner.graphs.replays == [4] * 5
+        assert emu.emu_stats()["launches"] > 0
+
+        owned = {b for table in maker.tables.values() for b in table}
+        free = sorted(set(range(runner.num_kv_blocks)) - owned)
+        for key_cache, value_cache in runner.kv_caches:
+            assert torch.isnan(key_cache[free]).all() and torch.isnan(value_cache[free]).all()
+
+    for i, s in enumerate(seqs):
+        n = len(s) - 5  # prompt length: logits of positions n-1 .. len-1 were computed
+        ref = hf_logits(hf, s)[n - 1:]
+        ours = torch.stack(logits[i]).float()
+        err = float((ours - ref).norm() / ref.norm())
+        assert err < 5e-2, (i, err)
