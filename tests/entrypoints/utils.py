@@ -62,13 +62,16 @@ class Server:
 
 
 @contextlib.contextmanager
-def start_server(*args: str, timeout: float = 180.0) -> Iterator[Server]:
+def start_server(*args: str, timeout: float = 180.0,
+                 new_session: bool = False) -> Iterator[Server]:
     """Start `python -m paternoster.entrypoints.cli serve *args` on a free port,
-    wait until /health answers 200, and stop it afterwards."""
+    wait until /health answers 200, and stop it afterwards. ``new_session``:
+    in its own session and process group (as a shell starts a foreground job),
+    so a test can signal the whole group like Ctrl-C in a terminal does."""
     port = free_port()
     cmd = [sys.executable, "-m", "paternoster.entrypoints.cli", "serve", *args]
     cmd += ["--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=child_env(), cwd=REPO_ROOT)
+    proc = subprocess.Popen(cmd, env=child_env(), cwd=REPO_ROOT, start_new_session=new_session)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout

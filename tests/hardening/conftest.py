@@ -37,14 +37,16 @@ def tokenizer(fake_model_dir):
 
 
 @contextlib.contextmanager
-def fake_server(model_dir: Path, opts: dict, *args: str) -> Iterator[Server]:
-    """A server over :class:`QueueingFakeEngine` configured by ``opts``."""
+def fake_server(model_dir: Path, opts: dict, *args: str,
+                new_session: bool = False) -> Iterator[Server]:
+    """A server over :class:`QueueingFakeEngine` configured by ``opts``
+    (``new_session``: see :func:`start_server`)."""
     d = model_dir.parent / f"{model_dir.name}-{abs(hash(json.dumps(opts, sort_keys=True)))}"
     if not d.exists():
         shutil.copytree(model_dir, d)
     (d / "fake_engine.json").write_text(json.dumps(opts))
     with start_server(
         str(d), "--engine-cls", QUEUEING_ENGINE, "--max-model-len", str(MAX_MODEL_LEN),
-        "--num-kv-blocks", "64", *args, timeout=60,
+        "--num-kv-blocks", "64", *args, timeout=60, new_session=new_session,
     ) as srv:  # fmt: skip
         yield srv

@@ -134,6 +134,42 @@ def test_sigterm_drains_then_ends_streams_and_exits_0(fake_model_dir):
         assert long_[-1] == "data: [DONE]"
 
 
+def test_ctrl_c_to_the_process_group_drains_like_sigterm(fake_model_dir):
+    """A terminal's Ctrl-C sends SIGINT to the frontend and the engine alike:
+    the engine must keep running while the frontend drains."""
+    with fake_server(fake_model_dir, {"step_delay": 0.05}, "--shutdown-timeout", "5",
+                     new_session=True) as srv:
+        result: dict = {}
+
+        def stream() -> None:
+            body = {"prompt": "Hi", "max_tokens": 30, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as r:
+                result["events"] = [line for line in r.iter_lines() if line]
+
+        t = threading.Thread(target=stream)
+        t.start()
+        srv.wait_for(lambda s: s["num_in_flight"] == 1, what="1 in flight")
+        engine = srv.engine_pid()
+        os.killpg(os.getpgid(srv.proc.pid), signal.SIGINT)
+        t.join(15)
+        assert srv.proc.wait(15) == 0
+        events = result["events"]
+        assert events[-1] == "data: [DONE]" and '"error"' not in "".join(events), events[-3:]
+        assert len([e for e in events if '"text"' in e]) == 30  # every token arrived
+        deadline = time.monotonic() + 10  # the frontend stopped the engine afterwards
+        while _alive(engine):
+            assert time.monotonic() < deadline, "engine still running"
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_restart_engine_brings_a_new_engine_up(fake_model_dir):
     with fake_server(fake_model_dir, {"step_delay": 0.05}, "--restart-engine") as srv:
         result: dict = {}

@@ -456,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     # SIGTERM (also our parent-death signal) unwinds through the cleanup code.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.parent_pid is not None:
+        # Ctrl-C in a terminal signals the whole process group, us included: the
+        # frontend drains its in-flight requests first, then stops us.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     logging.basicConfig(
         level=args.log_level.upper(),
