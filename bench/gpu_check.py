@@ -46,10 +46,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -470,16 +472,16 @@ def check_model_path(seed: int, steps: int = 12, device: str = "cuda") -> dict:
 
     torch.manual_seed(seed)
     hf = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).to(torch.bfloat16)
-    model_dir = Path(tempfile.mkdtemp(prefix="pn-tiny-llama-"))
-    hf.save_pretrained(model_dir)
-    hf = hf.float().to(device).eval()
     bs, per_seq = 16, 32
-    runner = ModelRunner(
-        ModelConfig(model=str(model_dir), dtype="bfloat16", device=device,
-                    cuda_graphs=device == "cuda"),
-        CacheConfig(block_size=bs, num_kv_blocks=8 * per_seq), max_num_seqs=8,
-        max_num_batched_tokens=2048,
-    )
+    with tempfile.TemporaryDirectory(prefix="pn-tiny-llama-") as model_dir:
+        hf.save_pretrained(model_dir)
+        runner = ModelRunner(
+            ModelConfig(model=model_dir, dtype="bfloat16", device=device,
+                        cuda_graphs=device == "cuda"),
+            CacheConfig(block_size=bs, num_kv_blocks=8 * per_seq), max_num_seqs=8,
+            max_num_batched_tokens=2048,
+        )
+    hf = hf.float().to(device).eval()
     g = torch.Generator().manual_seed(seed)
     lens = [5, 60, 200, 17, 1]
     seqs = [torch.randint(0, TINY_LLAMA["vocab_size"], (n,), generator=g).tolist() for n in lens]
@@ -567,8 +569,10 @@ def phase_kernel(report: Report, bandwidth: float) -> None:
 
 
 def write_model_dir(layers: int) -> Path:
-    """A temporary directory with the Llama-3-8B-shaped config.json only."""
+    """A temporary directory with the Llama-3-8B-shaped config.json only
+    (removed when the process exits)."""
     d = Path(tempfile.mkdtemp(prefix="pn-llama3-8b-"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
     cfg = dict(LLAMA3_8B, num_hidden_layers=layers)
     (d / "config.json").write_text(json.dumps(cfg))
     return d

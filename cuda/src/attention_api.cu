@@ -113,7 +113,8 @@ int64_t decode_num_splits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_he
 int64_t decode_workspace_bytes(int64_t max_num_seqs, int64_t num_heads, int64_t num_kv_heads,
                                int64_t head_size, int64_t max_seq_len, int64_t num_sms) {
   require_positive(max_num_seqs, "max_num_seqs");
-  require_positive(head_size, "head_size");
+  if (max_num_seqs > kMaxGridYZ) fail("max_num_seqs must be <= 65535 (num_seqs of one call)");
+  require_head_size(head_size);
   int64_t best = 0;
   for (int64_t b = 1; b <= max_num_seqs; ++b) {
     const int64_t z = decode_num_splits(b, num_heads, num_kv_heads, max_seq_len, num_sms);

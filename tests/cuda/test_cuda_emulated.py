@@ -116,7 +116,7 @@ def test_reshape_and_cache_writes_only_valid_slots(emu):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_reshape_and_cache_narrow_rows(emu, dtype):
     """Rows that are not 16-byte multiples (Hkv * D * 2 = 12 bytes) take the
-    4-byte copy; slots past the cache and negative slots are skipped."""
+    4-byte copy; negative slots are skipped."""
     t, hkv, d, nb, bs = 9, 1, 6, 4, 8
     key = torch.randn(t, hkv, d).to(dtype)
     value = torch.randn(t, hkv, d).to(dtype)
@@ -194,3 +194,82 @@ def test_model_path_matches_hf(emu):
     res = gc.check_model_path(seed=2, steps=4, device="cpu")
     assert res["ok"], res
     assert emu.emu_stats()["launches"] > 0
+
+
+def _decode_case(table, seq_len, num_blocks=8):
+    q = torch.randn(1, 4, 64).to(torch.bfloat16)
+    cache = torch.randn(num_blocks, 16, 2, 64).to(torch.bfloat16)
+    return (q, cache, cache.clone(), torch.tensor([table], dtype=torch.int32),
+            torch.tensor([seq_len], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+            0.125)
+
+
+@pytest.mark.parametrize("table, seq_len, qsl, max_query_len, message", [
+    ([10_000_000, 1], 10, [0, 1], None, r"block_tables\[0, 0\] = 10000000 out of range"),
+    ([-1, 1], 10, [0, 1], None, r"block_tables\[0, 0\] = -1 out of range"),
+    ([0, 1], 40, [0, 1], None, "exceeds max_blocks_per_seq"),
+    ([0, 1], 10 ** 6, [0, 1], None, "exceeds max_blocks_per_seq"),
+    ([0, 1], 10, [0, 5], None, r"within \[0, 1\]"),
+    ([0, 1], 10, [1, 0], None, r"within|non-decreasing"),
+])
+def test_index_contents_are_checked_as_on_the_cpu_path(emu, table, seq_len, qsl, max_query_len,
+                                                       message):
+    """The emulation reads host memory: a bad index is a ValueError, not a
+    read outside a tensor (on a GPU index contents are trusted)."""
+    q, kc, vc, bt, sl, _, scale = _decode_case(table, seq_len)
+    with pytest.raises(ValueError, match=message):
+        ops.paged_attention(q, kc, vc, bt, sl, torch.tensor(qsl, dtype=torch.int32), scale,
+                            max_query_len=max_query_len)
+    assert emu.emu_stats()["launches"] == 0  # refused before any launch
+
+
+def test_a_prefill_shorter_than_its_query_or_its_hint_is_refused(emu):
+    q = torch.randn(5, 4, 64).to(torch.bfloat16)
+    cache = torch.randn(4, 16, 2, 64).to(torch.bfloat16)
+    table, qsl = torch.zeros(1, 2, dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 3 is below its query length 5"):
+        ops.paged_attention(q, cache, cache, table, torch.tensor([3], dtype=torch.int32), qsl,
+                            0.125)
+    with pytest.raises(ValueError, match="max_query_len = 1 is below the longest query"):
+        ops.paged_attention(q, cache, cache, table, torch.tensor([8], dtype=torch.int32), qsl,
+                            0.125, max_query_len=1)  # its rows would be left unwritten
+
+
+def test_unchecked_emulation_has_the_gpu_semantics_for_slots():
+    """check_indices=False: the kernel itself skips a slot past the cache."""
+    key = torch.randn(2, 2, 64).to(torch.bfloat16)
+    kc = torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16)
+    vc = kc.clone()
+    slots = torch.tensor([3, 32], dtype=torch.int64)
+    with ops.emulate_cuda_kernels():
+        with pytest.raises(ValueError, match="slot 32 out of range"):
+            ops.reshape_and_cache(key, key, kc, vc, slots)
+    with ops.emulate_cuda_kernels(check_indices=False):
+        ops.reshape_and_cache(key, key, kc, vc, slots)
+    assert torch.equal(kc.view(-1, 2, 64)[3], key[0])
+    assert int((kc != 0).any(-1).any(-1).sum()) == 1  # slot 3 only
+
+
+def test_overlapping_blocks_restore_the_cpu_kernels_last():
+    """Two asyncio tasks whose emulation blocks end in the other order."""
+    import asyncio
+
+    cpu = ops._BACKENDS["cpu"]
+
+    async def task(delay: float) -> None:
+        with ops.emulate_cuda_kernels():
+            await asyncio.sleep(delay)
+            assert ops._BACKENDS["cpu"].cuda is not None
+
+    async def main() -> None:
+        await asyncio.gather(task(0.05), task(0.1))
+
+    asyncio.run(main())
+    assert ops._BACKENDS["cpu"] is cpu
+
+
+def test_workspace_sizes_are_refused_like_the_kernels_refuse_them(emu):
+    with pytest.raises(ValueError, match="head_size must be 64 or 128"):
+        ops.alloc_decode_workspace("cpu", 8, 32, 8, 96, 4096)
+    with pytest.raises(ValueError, match="max_num_seqs must be <= 65535"):
+        ops.alloc_decode_workspace("cpu", 100_000, 32, 8, 128, 4096)

@@ -158,7 +158,8 @@ int64_t decode_num_splits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_he
 // max_seq_len: max over B of B * Hq * splits(B) * (D + 2) * 4 (partial
 // outputs, maxima and sums in float32), 0 when no batch splits. Allocate it
 // once per (max batch, max context) and reuse it, also under graph capture.
-// Throws std::invalid_argument for non-positive sizes.
+// Throws std::invalid_argument for non-positive sizes, a head size other than
+// 64 or 128, or more than 65535 sequences (what paged_attention() refuses).
 int64_t decode_workspace_bytes(int64_t max_num_seqs, int64_t num_heads, int64_t num_kv_heads,
                                int64_t head_size, int64_t max_seq_len, int64_t num_sms);
 
