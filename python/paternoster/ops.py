@@ -83,16 +83,17 @@ class _Backend(NamedTuple):
             also take keyword arguments (see :class:`_CudaKernels`).
         cuda: the :class:`_CudaKernels` behind a CUDA-kernel backend (also the
             CPU emulation's, :func:`emulate_cuda_kernels`), else None.
-        check_indices: called with the tensors before a kernel call to check
-            index contents (the emulation's, whose "device" memory is host
-            memory), else None: on a GPU they are trusted.
+        check_indices: check index contents before a kernel call
+            (:func:`_check_attention_indices`, :func:`_check_slots`): the
+            emulation's, whose "device" memory is host memory; on a GPU they
+            are trusted.
     """
 
     dtypes: Mapping[torch.dtype, Any]
     paged_attention: Callable[..., None]
     reshape_and_cache: Callable[..., None]
     cuda: _CudaKernels | None = None
-    check_indices: _IndexChecks | None = None
+    check_indices: bool = False
 
 
 class _CudaKernels:
@@ -241,7 +242,7 @@ def emulate_cuda_kernels(num_sms: int = 132, schedule_seed: int = 0,
     kernels = _CudaKernels(_cuda_emu, stream=lambda device: 0, num_sms=lambda device: num_sms)
     backend = kernels.backend()
     if check_indices:
-        backend = backend._replace(check_indices=_IndexChecks())
+        backend = backend._replace(check_indices=True)
     old_seed = _cuda_emu.set_schedule_seed(schedule_seed)
     if _EMULATION["depth"] == 0:
         _EMULATION["saved"] = _BACKENDS["cpu"]
@@ -260,55 +261,58 @@ def emulate_cuda_kernels(num_sms: int = 132, schedule_seed: int = 0,
 _EMULATION: dict[str, Any] = {"depth": 0}
 
 
-class _IndexChecks:
+def _check_attention_indices(block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                             query_start_loc: torch.Tensor, num_tokens: int, num_blocks: int,
+                             block_size: int, max_query_len: int | None) -> None:
     """The CPU kernels' checks of index contents, for the CUDA emulation
     (index tensors live in host memory there, so reading them is free): a
-    bad block id, length or row range raises ``ValueError`` instead of
-    reading outside a tensor. The CUDA kernels on a GPU trust them."""
+    bad block id, length or row range is a ``ValueError`` instead of a read
+    outside a tensor.
 
-    def attention(self, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                  query_start_loc: torch.Tensor, num_tokens: int, num_blocks: int,
-                  block_size: int, max_query_len: int | None) -> None:
-        """Raises ValueError unless ``query_start_loc`` is non-decreasing within
-        ``[0, num_tokens]``; every sequence with new tokens has
-        ``q_len <= seq_lens[b] <= block_tables.shape[1] * block_size`` (a decode
-        row may have ``seq_lens`` 0: padding); the block ids it reads are in
-        ``[0, num_blocks)``; and ``max_query_len`` bounds the query lengths."""
-        qsl = query_start_loc.long()
-        if len(qsl) and (int(qsl[0]) < 0 or int(qsl[-1]) > num_tokens):
-            raise ValueError(f"query_start_loc must stay within [0, {num_tokens}], got "
-                             f"{int(qsl[0])}..{int(qsl[-1])}")
-        q_lens = qsl[1:] - qsl[:-1]
-        if bool((q_lens < 0).any()):
-            raise ValueError("query_start_loc must be non-decreasing")
-        lens = seq_lens.long()
-        width = block_tables.shape[1]
-        for b in range(len(lens)):
-            q_len, n = int(q_lens[b]), int(lens[b])
-            if q_len == 0 or (q_len == 1 and n == 0):
-                continue
-            if n < q_len:
-                raise ValueError(f"seq_lens[{b}] = {n} is below its query length {q_len}")
-            if n > width * block_size:
-                raise ValueError(f"seq_lens[{b}] = {n} exceeds max_blocks_per_seq * block_size "
+    Raises:
+        ValueError: unless ``query_start_loc`` is non-decreasing within
+            ``[0, num_tokens]``; every sequence with new tokens has
+            ``q_len <= seq_lens[b] <= block_tables.shape[1] * block_size`` (a
+            decode row may have ``seq_lens`` 0: padding); the block ids it
+            reads are in ``[0, num_blocks)``; and ``max_query_len`` bounds the
+            query lengths.
+    """
+    qsl = query_start_loc.long()
+    if len(qsl) and (int(qsl[0]) < 0 or int(qsl[-1]) > num_tokens):
+        raise ValueError(f"query_start_loc must stay within [0, {num_tokens}], got "
+                         f"{int(qsl[0])}..{int(qsl[-1])}")
+    q_lens = qsl[1:] - qsl[:-1]
+    if bool((q_lens < 0).any()):
+        raise ValueError("query_start_loc must be non-decreasing")
+    lens = seq_lens.long()
+    width = block_tables.shape[1]
+    for b in range(len(lens)):
+        q_len, n = int(q_lens[b]), int(lens[b])
+        if q_len == 0 or (q_len == 1 and n == 0):
+            continue
+        if n < q_len:
+            raise ValueError(f"seq_lens[{b}] = {n} is below its query length {q_len}")
+        if n > width * block_size:
+            raise ValueError(f"seq_lens[{b}] = {n} exceeds max_blocks_per_seq * block_size "
                                  f"= {width * block_size}")
-            used = block_tables[b, : -(-n // block_size)]
-            bad = (used < 0) | (used >= num_blocks)
-            if bool(bad.any()):
-                j = int(bad.nonzero()[0])
-                raise ValueError(f"block_tables[{b}, {j}] = {int(used[j])} out of range "
+        used = block_tables[b, : -(-n // block_size)]
+        bad = (used < 0) | (used >= num_blocks)
+        if bool(bad.any()):
+            j = int(bad.nonzero()[0])
+            raise ValueError(f"block_tables[{b}, {j}] = {int(used[j])} out of range "
                                  f"[0, {num_blocks})")
-        longest = int(q_lens.max()) if len(q_lens) else 0
-        if max_query_len and max_query_len < longest:  # 0 / None: the default (T)
-            raise ValueError(f"max_query_len = {max_query_len} is below the longest query "
-                             f"({longest} tokens): its rows would not be computed")
+    longest = int(q_lens.max()) if len(q_lens) else 0
+    if max_query_len and max_query_len < longest:  # 0 / None: the default (T)
+        raise ValueError(f"max_query_len = {max_query_len} is below the longest query "
+                         f"({longest} tokens): its rows would not be computed")
 
-    def cache_write(self, slot_mapping: torch.Tensor, num_slots: int) -> None:
-        """Raises ValueError for a slot ``>= num_slots`` (as the CPU kernel does;
-        the CUDA kernel skips it)."""
-        if len(slot_mapping) and int(slot_mapping.max()) >= num_slots:
-            raise ValueError(f"slot_mapping has slot {int(slot_mapping.max())} out of range "
-                             f"(cache has {num_slots} slots)")
+
+def _check_slots(slot_mapping: torch.Tensor, num_slots: int) -> None:
+    """Raises ValueError for a slot ``>= num_slots`` (as the CPU kernel does;
+    the CUDA kernel skips it)."""
+    if len(slot_mapping) and int(slot_mapping.max()) >= num_slots:
+        raise ValueError(f"slot_mapping has slot {int(slot_mapping.max())} out of range "
+                         f"(cache has {num_slots} slots)")
 
 
 def alloc_decode_workspace(device: torch.device | str, max_num_seqs: int, num_heads: int,
@@ -456,8 +460,8 @@ def reshape_and_cache(
     t, hkv, d, num_slots = _check_cache_write(key, value, key_cache, value_cache, slot_mapping)
     device = key.device
     backend = _BACKENDS[device.type]
-    if backend.check_indices is not None:
-        backend.check_indices.cache_write(slot_mapping, num_slots)
+    if backend.check_indices:
+        _check_slots(slot_mapping, num_slots)
     args = (key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
             slot_mapping.data_ptr(), t, hkv, d, num_slots, backend.dtypes[key.dtype])
     if backend.cuda is None:
@@ -578,9 +582,9 @@ def paged_attention(
                              query_start_loc, out)
     device = query.device
     backend = _BACKENDS[device.type]
-    if backend.check_indices is not None:
-        backend.check_indices.attention(block_tables, seq_lens, query_start_loc, sizes.num_tokens,
-                                        sizes.num_blocks, sizes.block_size, max_query_len)
+    if backend.check_indices:
+        _check_attention_indices(block_tables, seq_lens, query_start_loc, sizes.num_tokens,
+                                 sizes.num_blocks, sizes.block_size, max_query_len)
     if out is None:
         out = torch.empty_like(query)
     args = (out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),

@@ -38,7 +38,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -112,11 +111,6 @@ class Reservation:
     def __init__(self, client: EngineClient, num_requests: int, num_tokens: int):
         self._requests = self._tokens = 0  # until counted below (see __del__)
         self._client = client
-        self._thread = threading.get_ident()
-        try:
-            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
         client._reserved_requests += num_requests
         client._reserved_tokens += num_tokens
         self._requests, self._tokens = num_requests, num_tokens
@@ -168,10 +162,7 @@ class Reservation:
         with contextlib.suppress(Exception):  # never raise from a finalizer
             logger.warning("a reservation of %d requests was never released; releasing it now",
                            requests)  # fmt: skip
-            if threading.get_ident() == self._thread or self._loop is None:
-                self._client._unreserve(requests, tokens)
-            elif not self._loop.is_closed():  # collected on another thread: count on ours
-                self._loop.call_soon_threadsafe(self._client._unreserve, requests, tokens)
+            self._client._unreserve(requests, tokens)
 
 
 class EngineClient:

@@ -285,7 +285,7 @@ class OpenAIServing:
                 echo = [self._echo_text(ids, text) for ids, text in zip(prompts, texts)]
             if body.stream:
                 stream = self._completion_stream(setup, echo, logprobs is not None)
-                return _sse(stream, on_close=gen.release)
+                return _EventStream(stream, gen.release)
             await _run_until_disconnect(raw, _consume(gen))
         except BaseException:
             gen.release()
@@ -341,7 +341,7 @@ class OpenAIServing:
         gen = setup.gen
         try:  # every way out before the requests are sent gives their room back
             if body.stream:
-                return _sse(self._chat_stream(setup, body.logprobs), on_close=gen.release)
+                return _EventStream(self._chat_stream(setup, body.logprobs), gen.release)
             await _run_until_disconnect(raw, _consume(gen))
         except BaseException:
             gen.release()
@@ -741,9 +741,6 @@ class _EventStream(StreamingResponse):
         finally:
             self._on_close()
 
-
-def _sse(events: AsyncIterator[str], on_close: Callable[[], None]) -> StreamingResponse:
-    return _EventStream(events, on_close)
 
 
 async def _consume(gen: Generation) -> None:
