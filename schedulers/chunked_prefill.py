@@ -38,26 +38,17 @@ class ChunkedPrefillScheduler(Scheduler):
         self.long_prefill_token_threshold = cap
 
     def order_running(self, running: list[Request]) -> list[Request]:
-        """Decoding requests first (stable), then unfinished prefills."""
+        """Decoding requests first, then unfinished prefills (each in admission order)."""
         decoding = [r for r in running if r.num_tokens - r.num_computed_tokens == 1]
         prefilling = [r for r in running if r.num_tokens - r.num_computed_tokens != 1]
         return decoding + prefilling
 
     def can_admit(self, request: Request) -> bool:
-        """Admit only when the KV cache has room for the whole prompt, on top of
-        what the running requests still need to finish their own prompts.
-
-        Allocating only the first chunk's blocks would admit requests that are
-        then preempted again and again as their prompts grow (thrashing).
-        """
-        kv = self.kv_cache_manager
-        reserved = sum(
-            kv.num_required_blocks(r.internal_id, r.num_tokens)
-            for r in self.running
-            if r.num_tokens - r.num_computed_tokens > 1
-        )
-        needed = kv.num_required_blocks(request.internal_id, request.num_tokens)
-        return needed + reserved <= kv.num_free_blocks()
+        """Admit only when the whole prompt :meth:`fits` (room for all of it on
+        top of what running prompts still need), not just its first chunk:
+        allocating only the first chunk's blocks would admit requests that are
+        then preempted again and again as their prompts grow (thrashing)."""
+        return self.fits(request)
 
     def num_tokens_to_schedule(self, request: Request, token_budget: int) -> int:
         """All remaining tokens, cut to the budget and the per-request threshold."""

@@ -18,7 +18,12 @@ class StaticBatchingScheduler(Scheduler):
 
     name = "static"
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit a new batch only when no request is running.
+
+        Returns:
+            The budget left.
+        """
         if self.running:
-            return
-        super()._schedule_waiting(out, budget)
+            return budget
+        return super().schedule_waiting(out, budget)

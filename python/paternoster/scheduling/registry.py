@@ -2,7 +2,9 @@
 
 Policies register under the entry-point group ``paternoster.schedulers``
 (``name = "module:Class"`` in a package's pyproject.toml) and are selected by
-name (``--scheduler NAME``).
+name (``--scheduler NAME``). A policy is loaded only if it implements the
+contract version this engine implements (``SCHEDULER_API_VERSION``,
+docs/schedulers.md).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ def load_scheduler_class(name: str) -> type:
 
     Raises:
         ValueError: no policy of that name is installed (the message lists the
-            installed ones), or the entry point is not a ``Scheduler`` subclass.
+            installed ones), the entry point is not a ``Scheduler`` subclass,
+            or it implements another contract version (:func:`check_api_version`).
     """
     from paternoster.scheduling.scheduler import Scheduler
 
@@ -34,4 +37,28 @@ def load_scheduler_class(name: str) -> type:
     cls = matches[0].load()
     if not (isinstance(cls, type) and issubclass(cls, Scheduler)):
         raise ValueError(f"scheduler {name!r} ({matches[0].value}) is not a Scheduler subclass")
+    check_api_version(cls, name)
     return cls
+
+
+def check_api_version(cls: type, name: str) -> None:
+    """Refuse a policy class written for another version of the contract.
+
+    A class that does not set ``api_version`` inherits the base class's, i.e.
+    claims the version installed; one that sets it explicitly is checked.
+
+    Args:
+        cls: the policy class.
+        name: the name it was selected under (for the message).
+    Raises:
+        ValueError: ``cls.api_version`` is not ``SCHEDULER_API_VERSION``.
+    """
+    from paternoster.scheduling.scheduler import SCHEDULER_API_VERSION
+
+    version = getattr(cls, "api_version", None)
+    if version != SCHEDULER_API_VERSION:
+        raise ValueError(
+            f"scheduler {name!r} ({cls.__module__}.{cls.__qualname__}) implements scheduler "
+            f"API version {version}, this paternoster implements version "
+            f"{SCHEDULER_API_VERSION} (docs/schedulers.md lists the changes)"
+        )

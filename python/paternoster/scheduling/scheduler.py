@@ -1,18 +1,18 @@
 """The Scheduler base class: queues, KV allocation, preemption and stop checks.
 
 A policy (a subclass registered under the entry-point group
-``paternoster.schedulers``) decides order, admission and victims through a few
-hooks; the base class owns the bookkeeping. The loop follows iteration-level
-scheduling (Orca, Yu et al., OSDI'22) with one token budget per step for
-prefill and decode alike (vLLM v1): every request has ``num_computed_tokens``
-chasing ``num_tokens``, and a step hands out up to ``max_num_batched_tokens``
-tokens to at most ``max_num_seqs`` requests.
+``paternoster.schedulers``) decides order, admission and victims through the
+public hooks documented in docs/schedulers.md (contract version
+:data:`SCHEDULER_API_VERSION`); the base class owns the bookkeeping. The loop
+follows iteration-level scheduling (Orca, Yu et al., OSDI'22) with one token
+budget per step for prefill and decode alike (vLLM v1): every request has
+``num_computed_tokens`` chasing ``num_tokens``, and a step hands out up to
+``max_num_batched_tokens`` tokens to at most ``max_num_seqs`` requests.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -22,19 +22,28 @@ from paternoster.config import SchedulerConfig
 from paternoster.engine.messages import EngineCoreOutput
 from paternoster.request import Request, RequestStatus
 from paternoster.scheduling.output import SchedulerOutput
+from paternoster.scheduling.request_queue import FCFSRequestQueue, RequestQueue
 
-SCHEDULER_API_VERSION = 1
+#: Version of the plugin contract (docs/schedulers.md) this base class implements.
+#: Anything on that page that could break a plugin bumps it; the registry refuses a
+#: policy class whose ``api_version`` differs.
+SCHEDULER_API_VERSION = 2
 
 
 class Scheduler:
     """Base class of scheduling policies.
 
-    Subclasses override the hooks :meth:`num_tokens_to_schedule`,
-    :meth:`select_victim` and :meth:`enqueue_waiting`; the base class keeps the
-    queues (``waiting``, ``running``), allocates KV slots through the C++
-    ``KVCacheManager`` (all or nothing), preempts by recompute when blocks run
-    out, appends sampled tokens, checks stop conditions (EOS, stop token ids,
-    ``max_tokens``, ``max_model_len``) and frees finished requests' blocks.
+    The base class keeps the queues (``waiting``, a :class:`RequestQueue`;
+    ``running``, a list in admission order), allocates KV slots through the
+    C++ ``KVCacheManager`` (all or nothing), preempts by recompute when blocks
+    run out, appends sampled tokens, checks stop conditions (EOS, stop token
+    ids, ``max_tokens``, ``max_model_len``) and frees finished requests'
+    blocks. A policy overrides the hooks (``create_waiting_queue``,
+    ``enqueue_waiting``, ``requeue_preempted``, ``order_running``,
+    ``num_tokens_to_schedule``, ``can_admit``, ``select_victim``,
+    ``schedule_waiting``, ``on_admitted``, ``on_finished``) and may call the
+    building blocks (``fits``, ``can_allocate``, ``allocate``, ``admit``,
+    ``preempt``); it never edits ``running`` or ``waiting`` behind them.
 
     Automatic prefix caching (when the KV cache manager has it enabled, after
     vLLM's): on admission a request's longest cached prefix, in whole blocks,
@@ -46,19 +55,28 @@ class Scheduler:
     Args:
         config: per-step limits and the policy's own options.
         kv_cache_manager: ``paternoster._core.KVCacheManager`` (or anything with
-            ``allocate_slots(id, num_tokens) -> bool`` and ``free(id)``; prefix
-            caching is used when it has ``enable_caching()`` returning True).
+            ``allocate_slots(id, num_tokens) -> bool``, ``can_allocate``,
+            ``num_required_blocks``, ``num_free_blocks`` and ``free(id)``;
+            prefix caching is used when it has ``enable_caching()`` returning
+            True).
         batch_builder: ``paternoster._core.BatchBuilder`` holding each
             request's token ids (``add_request``, ``append_tokens``,
             ``remove_request``).
         max_model_len: context length in tokens (prompt + output).
+    Raises:
+        ValueError: a policy that keeps prompts whole with
+            ``max_num_batched_tokens < max_model_len``, or unknown
+            ``policy_config`` keys.
     """
 
+    #: The name the policy is registered and selected under (``--scheduler NAME``);
+    #: used in messages.
+    name: ClassVar[str] = "scheduler"
     #: Version of the plugin contract this class implements (docs/schedulers.md).
-    api_version: int = SCHEDULER_API_VERSION
+    api_version: ClassVar[int] = SCHEDULER_API_VERSION
     #: Whether the policy may split a prompt across steps. Policies that keep
     #: prompts whole need a token budget of at least ``max_model_len``.
-    supports_chunked_prefill: bool = False
+    supports_chunked_prefill: ClassVar[bool] = False
     #: The policy's options (``--scheduler-config`` keys) and their defaults.
     default_options: ClassVar[dict[str, Any]] = {}
 
@@ -77,7 +95,7 @@ class Scheduler:
         unknown = set(config.policy_config) - set(self.default_options)
         if unknown:
             raise ValueError(
-                f"unknown scheduler_config keys for {type(self).__name__}: {sorted(unknown)}; "
+                f"unknown scheduler_config keys for {self.name!r}: {sorted(unknown)}; "
                 f"accepted: {sorted(self.default_options) or 'none'}"
             )
         self.options: dict[str, Any] = {**self.default_options, **config.policy_config}
@@ -89,7 +107,7 @@ class Scheduler:
         self.prefix_caching: bool = bool(enable_caching()) if callable(enable_caching) else False
         self.batch_builder = batch_builder
         self.max_model_len = max_model_len
-        self.waiting: deque[Request] = deque()
+        self.waiting: RequestQueue = self.create_waiting_queue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
@@ -98,7 +116,7 @@ class Scheduler:
     # ----------------------------------------------------------------- queues
 
     def add_request(self, request: Request) -> None:
-        """Queue a new request.
+        """Queue a new request (through :meth:`enqueue_waiting`).
 
         Raises:
             ValueError: a live request already has this ``request_id``.
@@ -122,34 +140,54 @@ class Scheduler:
             request = self.requests.get(rid)
             if request is None:
                 continue
-            if request in self.running:
+            if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
             else:
-                self.waiting.remove(request)
+                self.waiting.remove_request(request)
             self._finish(request, RequestStatus.FINISHED_ABORTED)
             aborted.append(request)
         return aborted
 
     @property
     def num_running(self) -> int:
+        """Requests holding a sequence slot (admitted, not finished or preempted)."""
         return len(self.running)
 
     @property
     def num_waiting(self) -> int:
+        """Requests in ``waiting`` (new and preempted)."""
         return len(self.waiting)
 
     def has_unfinished_requests(self) -> bool:
+        """Whether any request is waiting or running."""
         return bool(self.requests)
 
     # ---------------------------------------------------------- policy hooks
 
+    def create_waiting_queue(self) -> RequestQueue:
+        """The queue ``waiting`` is; called once, at the end of the base ``__init__``'s
+        bookkeeping (options are parsed by then). Default: :class:`FCFSRequestQueue`."""
+        return FCFSRequestQueue()
+
     def enqueue_waiting(self, request: Request) -> None:
-        """Put a new request into ``waiting`` (FCFS: at the back)."""
-        self.waiting.append(request)
+        """Put a new request into ``waiting`` (default: ``add_request``, the back
+        of a FIFO)."""
+        self.waiting.add_request(request)
 
     def requeue_preempted(self, request: Request) -> None:
-        """Put a preempted request back into ``waiting`` (default: at the front)."""
-        self.waiting.appendleft(request)
+        """Put a preempted request back into ``waiting`` (default:
+        ``prepend_request``, the front of a FIFO)."""
+        self.waiting.prepend_request(request)
+
+    def order_running(self, running: list[Request]) -> list[Request]:
+        """Order in which running requests get this step's budget.
+
+        Args:
+            running: a copy of ``running`` (admission order).
+        Returns:
+            The same requests, reordered. Default: unchanged.
+        """
+        return running
 
     def num_tokens_to_schedule(self, request: Request, token_budget: int) -> int:
         """How many of ``request``'s uncomputed tokens to compute this step.
@@ -166,9 +204,21 @@ class Scheduler:
         return remaining if remaining <= token_budget else 0
 
     def can_admit(self, request: Request) -> bool:
-        """Whether the head of ``waiting`` may be admitted now (checked before
-        KV allocation; ``False`` stops admission this step). Default: True."""
+        """Whether ``request`` may be admitted now; :meth:`admit` asks first,
+        before the prefix-cache lookup and the KV allocation. Default: True."""
         return True
+
+    def select_victim(self, running: Sequence[Request]) -> Request:
+        """Choose the running request to preempt when KV blocks run out.
+
+        Args:
+            running: every running request, in admission order (non-empty),
+                the one that needs blocks included (choosing it preempts it).
+        Returns:
+            One of ``running``. The default takes the most recently admitted
+            (vLLM v1's FCFS victim).
+        """
+        return running[-1]
 
     def on_admitted(self, request: Request) -> None:
         """Called when ``request`` moves from ``waiting`` to ``running``."""
@@ -176,79 +226,169 @@ class Scheduler:
     def on_finished(self, request: Request) -> None:
         """Called when ``request`` finishes (any reason, abort included)."""
 
-    def order_running(self, running: list[Request]) -> list[Request]:
-        """Order in which running requests get this step's budget (default: admission order)."""
-        return running
+    def schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting requests after the running ones got their tokens.
 
-    def select_victim(self, running: Sequence[Request]) -> Request:
-        """Choose the running request to preempt when KV blocks run out.
+        Called by :meth:`schedule` unless a running request was preempted this
+        step. The default admits the head of ``waiting`` with :meth:`admit`
+        while budget is left, and stops at the first that is not admitted (no
+        overtaking).
 
         Args:
-            running: candidates, in admission order (non-empty).
+            out: this step's plan so far (admissions are added to it).
+            budget: tokens still free in this step.
         Returns:
-            One of ``running``. The default takes the most recently admitted.
+            The budget left.
         """
-        return running[-1]
+        while self.waiting and budget > 0:
+            num_new = self.admit(self.waiting.peek_request(), out, budget)
+            if num_new == 0:
+                break
+            budget -= num_new
+        return budget
+
+    # ------------------------------------------------- building blocks to call
+
+    def fits(self, request: Request) -> bool:
+        """Whether ``request`` could be admitted whole now: a sequence slot is
+        free, and the free KV blocks cover all its tokens on top of the blocks
+        running requests still need to finish their prompts.
+
+        Reserving those blocks keeps admission from thrashing: allocating only
+        a first chunk would admit requests that are preempted again and again
+        as their prompts grow. Before admission ``request`` has no blocks (and
+        no prefix-cache hit yet), so this is an upper bound on what it needs.
+        """
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        kv = self.kv_cache_manager
+        reserved = sum(
+            kv.num_required_blocks(r.internal_id, r.num_tokens)
+            for r in self.running
+            if r.num_tokens - r.num_computed_tokens > 1
+        )
+        needed = kv.num_required_blocks(request.internal_id, request.num_tokens)
+        return needed + reserved <= kv.num_free_blocks()
+
+    def can_allocate(self, request: Request, num_new: int) -> bool:
+        """Whether the KV blocks for ``num_new`` more computed tokens of
+        ``request`` are free (changes nothing)."""
+        return self.kv_cache_manager.can_allocate(
+            request.internal_id, request.num_computed_tokens + num_new
+        )
+
+    def allocate(self, request: Request, num_new: int) -> bool:
+        """Allocate the KV slots for ``num_new`` more computed tokens of
+        ``request``, all or nothing.
+
+        Returns:
+            Whether they were allocated (on False nothing changed).
+        """
+        return self.kv_cache_manager.allocate_slots(
+            request.internal_id, request.num_computed_tokens + num_new
+        )
+
+    def admit(self, request: Request, out: SchedulerOutput, budget: int) -> int:
+        """Move a waiting request to ``running`` with this step's first tokens.
+
+        In order: a free sequence slot, :meth:`can_admit`, the prefix-cache
+        lookup, :meth:`num_tokens_to_schedule`, :meth:`allocate`. When one of
+        them says no, nothing changes (hit blocks are given back).
+
+        Args:
+            request: a request in ``waiting`` (usually its head).
+            out: this step's plan; the admitted request is added to it.
+            budget: tokens still free in this step.
+        Returns:
+            The tokens scheduled for it (0: not admitted).
+        Raises:
+            ValueError: ``request`` is not waiting.
+        """
+        if request not in self.waiting:
+            raise ValueError(f"cannot admit {request.request_id!r}: it is not waiting")
+        if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            return 0
+        if not self.can_admit(request):
+            return 0
+        self._lookup_prefix(request)
+        num_new = self.num_tokens_to_schedule(request, budget)
+        if num_new <= 0 or not self.allocate(request, num_new):
+            self._undo_lookup(request)
+            return 0
+        self.waiting.remove_request(request)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self.on_admitted(request)
+        out.add(request, num_new)
+        return num_new
+
+    def preempt(self, request: Request, out: SchedulerOutput) -> int:
+        """Preempt a running request by recompute.
+
+        Takes it out of ``running`` and out of this step's plan, frees its
+        blocks, keeps every token (they are recomputed with the prompt),
+        counts the preemption, records it in ``out.preempted`` and hands it to
+        :meth:`requeue_preempted`.
+
+        Args:
+            request: a running request.
+            out: this step's plan.
+        Returns:
+            The tokens it had been scheduled this step (given back to the budget).
+        Raises:
+            ValueError: ``request`` is not running.
+        """
+        if request.status != RequestStatus.RUNNING:
+            raise ValueError(
+                f"cannot preempt {request.request_id!r}: it is {request.status.name}, not RUNNING"
+            )
+        self.running.remove(request)
+        freed = out.remove(request)
+        self.kv_cache_manager.free(request.internal_id)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        out.preempted.append(request)
+        self.requeue_preempted(request)
+        return freed
 
     # -------------------------------------------------------------- the step
 
     def schedule(self) -> SchedulerOutput:
-        """Plan one step: running requests first, then admissions from waiting."""
+        """Plan one step: running requests first, then admissions from waiting.
+
+        Returns:
+            The plan (see :class:`SchedulerOutput`).
+        """
         self.num_steps += 1
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
-            self._schedule_waiting(out, budget)
+            self.schedule_waiting(out, budget)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        kept: list[Request] = []
-        queue = deque(self.order_running(self.running))
-        while queue and budget > 0:
-            request = queue.popleft()
+        """Give running requests their tokens in :meth:`order_running` order,
+        preempting :meth:`select_victim`'s choices while blocks run out;
+        returns the budget left."""
+        for request in self.order_running(list(self.running)):
+            if budget <= 0:
+                break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
             num_new = self.num_tokens_to_schedule(request, budget)
             if num_new <= 0:
-                kept.append(request)
                 continue
-            while not self._allocate(request, num_new):
-                candidates = [*kept, *queue]
-                victim = self.select_victim(candidates) if candidates else request
-                self._preempt(victim, out)
+            while not self.allocate(request, num_new):
+                victim = self.select_victim(self.running)
+                budget += self.preempt(victim, out)
                 if victim is request:
                     break
-                if victim in queue:
-                    queue.remove(victim)
-                else:
-                    kept.remove(victim)
-                    budget += self._unschedule(out, victim)
             else:
-                kept.append(request)
                 out.add(request, num_new)
                 budget -= num_new
-        self.running = kept + list(queue)
         return budget
-
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            if not self.can_admit(request):
-                break
-            self._lookup_prefix(request)
-            num_new = self.num_tokens_to_schedule(request, budget)
-            if num_new <= 0 or not self._allocate(request, num_new):
-                self._undo_lookup(request)
-                break
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            self.on_admitted(request)
-            out.add(request, num_new)
-            budget -= num_new
-
-    @staticmethod
-    def _unschedule(out: SchedulerOutput, request: Request) -> int:
-        """Take ``request`` out of this step's plan; returns the tokens freed."""
-        return out.remove(request)
 
     def _lookup_prefix(self, request: Request) -> None:
         """Start a waiting request past its cached prefix (prefix caching only).
@@ -265,7 +405,7 @@ class Scheduler:
         )
 
     def _undo_lookup(self, request: Request) -> None:
-        """The head of ``waiting`` was not admitted: give back its hit blocks."""
+        """``request`` was not admitted after all: give back its hit blocks."""
         if self.prefix_caching:
             self.kv_cache_manager.free(request.internal_id)
             request.num_computed_tokens = 0
@@ -276,21 +416,6 @@ class Scheduler:
         ids, computed, scheduled = out.batch_arrays()
         done = computed.astype(np.int64) + scheduled
         self.kv_cache_manager.cache_computed_blocks(self.batch_builder, ids, done)
-
-    def _allocate(self, request: Request, num_new: int) -> bool:
-        return self.kv_cache_manager.allocate_slots(
-            request.internal_id, request.num_computed_tokens + num_new
-        )
-
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
-        """Preempt by recompute: free the blocks, keep every token, requeue."""
-        self.kv_cache_manager.free(request.internal_id)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_preemptions += 1
-        self.num_preemptions_total += 1
-        out.preempted.append(request)
-        self.requeue_preempted(request)
 
     # ------------------------------------------------------------ the update
 
