@@ -67,16 +67,27 @@ def test_max_tokens_finishes_with_length_and_frees_blocks():
     assert s.kv_cache_manager.num_free_blocks() == 32
 
 
-def test_eos_and_stop_token_ids():
+def test_eos_finishes_with_stop_and_no_stop_reason():
     s = create_scheduler()
     (a,) = create_requests(1, max_tokens=10, eos=7)
     s.add_request(a)
     _, outs = run_step(s, token=7)
     assert outs[0].finish_reason == "stop" and outs[0].stop_reason is None
-    (b,) = create_requests(1, max_tokens=10, eos=7, ignore_eos=True, stop_token_ids=[9])
-    s.add_request(b)
+
+
+def test_ignore_eos_keeps_generating_past_eos():
+    s = create_scheduler()
+    (a,) = create_requests(1, max_tokens=10, eos=7, ignore_eos=True)
+    s.add_request(a)
     _, outs = run_step(s, token=7)
-    assert outs[0].finish_reason is None
+    assert outs[0].finish_reason is None and not a.is_finished
+
+
+def test_stop_token_id_finishes_with_it_as_stop_reason():
+    s = create_scheduler()
+    (a,) = create_requests(1, max_tokens=10, stop_token_ids=[9])
+    s.add_request(a)
+    run_step(s, token=7)
     _, outs = run_step(s, token=9)
     assert outs[0].finish_reason == "stop" and outs[0].stop_reason == 9
 
@@ -95,8 +106,9 @@ def test_preemption_keeps_generated_tokens_and_completes():
         plan, outs = run_step(s)
         outputs.extend(outs)
         for victim in plan.preempted:
-            # The victim is the most recently admitted running request, reset to
-            # recompute from scratch and back at the front of the queue.
+            # The victim is the most recently admitted running request (the one
+            # short of blocks included), reset to recompute from scratch and
+            # back at the front of the queue.
             assert victim is running_before[-1]
             running_before.remove(victim)
             assert victim.num_computed_tokens == 0 and victim.output_token_ids

@@ -24,6 +24,25 @@ trace = st.lists(
 )
 
 
+def assert_kv_accounting(s, block_size: int) -> None:
+    """Between steps (prefix caching off): running and waiting split the live
+    requests, only running requests hold blocks, each holds blocks for its
+    computed tokens, and the blocks in use are exactly the ones they hold."""
+    kv = s.kv_cache_manager
+    running = {r.request_id for r in s.running}
+    waiting = {r.request_id for r in s.waiting}
+    assert not running & waiting
+    assert running | waiting == set(s.requests)
+    held = 0
+    for r in s.waiting:
+        assert not kv.has_request(r.internal_id), "a waiting request holds KV blocks"
+    for r in s.running:
+        table = kv.block_table(r.internal_id)
+        assert len(table) * block_size >= r.num_computed_tokens
+        held += len(table)
+    assert kv.num_blocks() - kv.num_free_blocks() == held, "blocks leaked or shared"
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     policy=st.sampled_from(POLICIES),
@@ -70,8 +89,7 @@ def test_invariants_hold_on_random_traces(policy, requests, num_blocks, max_num_
             if o.finished:
                 assert o.finish_reason == "length"
                 finished.add(o.request_id)
-        used = s.kv_cache_manager.num_blocks() - s.kv_cache_manager.num_free_blocks()
-        assert used <= num_blocks
+        assert_kv_accounting(s, block_size)
         step += 1
         assert step < 5_000, "requests did not finish"
     for i, (_, _, out_len, _) in enumerate(requests):

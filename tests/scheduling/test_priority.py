@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from paternoster.request import RequestStatus
+from paternoster.scheduling.registry import load_scheduler_class
+from paternoster.scheduling.request_queue import PriorityRequestQueue
 
 from .conftest import create_requests, create_scheduler, run_step
 
@@ -86,6 +88,77 @@ def _starvation_run(aging_steps: int, steps: int = 200) -> bool:
     return False
 
 
-def test_aging_lets_low_priority_finish_under_a_stream_of_high_priority():
+def test_without_aging_a_stream_of_high_priority_starves_a_low_one():
     assert not _starvation_run(aging_steps=0)
+
+
+def test_aging_lets_low_priority_finish_under_a_stream_of_high_priority():
     assert _starvation_run(aging_steps=5)
+
+
+def test_equal_priority_is_admitted_in_arrival_order():
+    s = create_scheduler("priority", max_num_seqs=1, aging_steps=0)
+    reqs = create_requests(3, max_tokens=1)
+    for i, r in enumerate(reqs):
+        r.arrival_time = 10.0 - i  # r2 arrived first
+        s.add_request(_with_priority(r, 1, f"arrived{2 - i}"))
+    order = [run_step(s)[0].scheduled[0].request_id for _ in range(3)]
+    assert order == ["arrived0", "arrived1", "arrived2"]
+
+
+def test_aging_orders_waiting_by_priority_times_aging_steps_plus_step_queued():
+    # aging_steps=2: priority 3 queued at step 0 ranks like priority 0 queued at
+    # step 6 (a tie, broken by arrival); a blocker far ahead holds the only slot.
+    s = create_scheduler("priority", max_num_seqs=1, aging_steps=2)
+    blocker, old, before, tie, after = create_requests(5, max_tokens=30)
+    for r, t in zip((blocker, old, before, tie, after), range(5)):
+        r.arrival_time = float(t)
+    s.add_request(_with_priority(blocker, -100, "blocker"))
+    s.add_request(_with_priority(old, 3, "old"))
+    for r, name, steps in ((before, "before", 5), (tie, "tie", 6), (after, "after", 7)):
+        while s.num_steps < steps:
+            run_step(s)
+        s.add_request(_with_priority(r, 0, name))
+    assert [r.request_id for r in s.running] == ["blocker"]
+    assert [r.request_id for r in s.waiting] == ["before", "old", "tie", "after"]
+
+
+def test_kv_shortage_preempts_the_lowest_priority_running_request_not_the_newest():
+    # 5 blocks of 4. "low" (8-token prompt) runs first and grows to 3 blocks;
+    # "high" arrives and takes the other 2. At high's first decode no block is
+    # free: the victim is "low" (worst rank), though "high" is the newest.
+    s = create_scheduler("priority", num_blocks=5, aging_steps=0)
+    low, high = create_requests(2, prompt_len=8, max_tokens=6)
+    s.add_request(_with_priority(low, 5, "low"))
+    run_step(s)
+    s.add_request(_with_priority(high, 0, "high"))
+    run_step(s)
+    assert [r.request_id for r in s.running] == ["low", "high"]
+    plan, _ = run_step(s)
+    assert plan.preempted == [low] and plan.scheduled == [high]
+
+
+def test_waiting_heap_computes_each_key_once_per_enqueue():
+    """No per-step re-sort: a key is computed when a request is queued (new or
+    preempted) and never again while it waits."""
+    keys: list[str] = []
+    cls = load_scheduler_class("priority")
+
+    class Counting(cls):
+        def create_waiting_queue(self):
+            queue = super().create_waiting_queue()
+            inner = queue._key
+
+            def key(request):
+                keys.append(request.request_id)
+                return inner(request)
+
+            return PriorityRequestQueue(key=key)
+
+    base = create_scheduler("priority", max_num_seqs=1)
+    s = Counting(base.config, base.kv_cache_manager, base.batch_builder, base.max_model_len)
+    for i, r in enumerate(create_requests(4, max_tokens=3)):
+        s.add_request(_with_priority(r, i, f"p{i}"))
+    while s.has_unfinished_requests():
+        run_step(s)
+    assert sorted(keys) == ["p0", "p1", "p2", "p3"] and s.num_steps >= 12
