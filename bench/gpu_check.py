@@ -317,13 +317,17 @@ def build(args: argparse.Namespace, report: Report) -> bool:
     return ok
 
 
-def phase_correctness(report: Report, clock: Clock, device: str = "cuda") -> None:
+def phase_correctness(report: Report, clock: Clock, device: str = "cuda",
+                      ops=None) -> None:
     """Every kernel case, the workspace variants, cache writes, padding rows, a
     graph replay and the tiny-model path; one table row (plus one per failure).
-    ``device="cpu"`` inside :func:`paternoster.ops.emulate_cuda_kernels` runs the
-    same kernels' code on the CPU emulation (no graph replay: not emulated)."""
-    from paternoster import ops
+    ``ops``: the kernels (default :mod:`paternoster.kernels`, which dispatches
+    on the device); ``device="cpu"`` with
+    ``ops=paternoster.kernels.emulated_cuda_backend()`` runs the same kernels'
+    code on the CPU emulation (no graph replay: not emulated)."""
+    from paternoster import kernels
 
+    ops = kernels if ops is None else ops
     emulated = device != "cuda"
     results = {}
     seed0 = int.from_bytes(os.urandom(4), "little")
@@ -355,7 +359,8 @@ def phase_correctness(report: Report, clock: Clock, device: str = "cuda") -> Non
         extra.append("cuda graph replay")
     if clock.left() > 60:
         name = "model path vs HF (tiny llama, " + ("emulated kernels)" if emulated else "graphs)")
-        results[name] = check_model_path(seed0 + 500, device=device)
+        results[name] = check_model_path(seed0 + 500, device=device,
+                                         attn_ops=None if ops is kernels else ops)
         extra.append(name)
     for name in extra:
         print(f"[correctness] {name}: {results[name]}", flush=True)
@@ -458,13 +463,15 @@ def paged_batch(seqs: list[list[int]], starts: list[int], counts: list[int], blo
             "logits_indices": np.array(last, np.int64)}
 
 
-def check_model_path(seed: int, steps: int = 12, device: str = "cuda") -> dict:
+def check_model_path(seed: int, steps: int = 12, device: str = "cuda",
+                     attn_ops=None) -> dict:
     """The whole GPU model path on a tiny random Llama (safetensors via
     save_pretrained): ModelRunner on cuda in bf16 with CUDA graphs, a prefill
     step then ``steps`` greedy decode steps (graph replays), against HF's
     float32 forward of the same bf16-rounded weights over the generated
     sequences. Logits' relative L2 error per step < 5e-2 (bf16 activations).
-    ``device="cpu"`` runs the same check on the CPU kernels (no graphs)."""
+    ``device="cpu"`` runs the same check on the CPU kernels (no graphs), or
+    on ``attn_ops`` (e.g. the emulated CUDA backend) when given."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from paternoster.config import CacheConfig, ModelConfig
@@ -479,7 +486,7 @@ def check_model_path(seed: int, steps: int = 12, device: str = "cuda") -> dict:
             ModelConfig(model=model_dir, dtype="bfloat16", device=device,
                         cuda_graphs=device == "cuda"),
             CacheConfig(block_size=bs, num_kv_blocks=8 * per_seq), max_num_seqs=8,
-            max_num_batched_tokens=2048,
+            max_num_batched_tokens=2048, attn_ops=attn_ops,
         )
     hf = hf.float().to(device).eval()
     g = torch.Generator().manual_seed(seed)
@@ -524,7 +531,7 @@ def phase_kernel(report: Report, bandwidth: float) -> None:
     """Decode kernel time at 64 x 2048 context (block 16 and 32), 20 calls per
     CUDA graph replay, median of 5 replays; bytes of K/V + Q + out per second
     against the copy bandwidth."""
-    from paternoster import ops
+    from paternoster import kernels as ops
 
     results = {}
     for bs in (16, 32):
@@ -735,7 +742,7 @@ def dry_run(args: argparse.Namespace, report: Report, clock: Clock) -> None:
     (``paternoster._cuda_emu``, when built); the GPU-only rows read n/a."""
     from transformers import LlamaConfig
 
-    from paternoster import ops
+    from paternoster import kernels
 
     model_dir = write_model_dir(args.layers)
     cfg = dict(LLAMA3_8B, num_hidden_layers=args.layers)
@@ -761,11 +768,10 @@ def dry_run(args: argparse.Namespace, report: Report, clock: Clock) -> None:
 
     if "correctness" in args.skip:
         report.row("kernel correctness", "skipped", "", "n/a")
-    elif ops.cuda_emulation_available():
+    elif kernels.cuda_emulation_available():
         print("[dry-run] correctness phase on the CPU emulation of the CUDA kernels "
               "(cuda/emu): same kernels, same cases, no timing", flush=True)
-        with ops.emulate_cuda_kernels():
-            phase_correctness(report, clock, device="cpu")
+        phase_correctness(report, clock, device="cpu", ops=kernels.emulated_cuda_backend())
     else:
         print("[dry-run] paternoster._cuda_emu is not built (no CUDA toolkit at build "
               "time): no kernel correctness on the CPU", flush=True)
@@ -834,9 +840,9 @@ def main(argv: list[str] | None = None) -> int:
         rest = [a for a in (argv if argv is not None else sys.argv[1:])]
         os.execv(sys.executable, [sys.executable, __file__, *rest, "--skip-build",
                                   "--deadline", str(deadline)])
-    from paternoster import ops
+    from paternoster import kernels
 
-    print(f"[env] {report.data['platform']}, CUDA kernels: {ops.cuda_kernels_available()}",
+    print(f"[env] {report.data['platform']}, CUDA kernels: {kernels.cuda_kernels_available()}",
           flush=True)
     code = 0
     try:

@@ -322,10 +322,10 @@ def _paged_attention_ptr(
     dtype: DType,
 ) -> None:
     """Paged attention on raw CPU data pointers (contiguous layouts as documented
-    in :func:`paternoster.ops.paged_attention`). Releases the GIL. Checks sizes,
+    in :func:`paternoster.kernels.paged_attention`). Releases the GIL. Checks sizes,
     ``query_start_loc``, ``seq_lens`` and block ids against ``num_blocks``, raising
     ValueError before writing; cannot check that the pointers are valid. Use
-    :func:`paternoster.ops.paged_attention` instead."""
+    :func:`paternoster.kernels.paged_attention` instead."""
 
 def _reshape_and_cache_ptr(
     key: int,
@@ -341,7 +341,7 @@ def _reshape_and_cache_ptr(
 ) -> None:
     """Write K/V rows into cache slots on raw CPU data pointers; ``num_slots`` =
     num_blocks * block_size bounds the slots (ValueError before writing). Releases
-    the GIL. Use :func:`paternoster.ops.reshape_and_cache` instead."""
+    the GIL. Use :func:`paternoster.kernels.reshape_and_cache` instead."""
 
 def _rms_norm_ptr(
     out: int,
@@ -355,7 +355,7 @@ def _rms_norm_ptr(
     """RMSNorm of ``x`` [T, H] into ``out`` (may be ``x``) on raw CPU data
     pointers, HF Llama's roundings. ValueError (before writing) for bad sizes or
     ``eps``; cannot check the pointers. Releases the GIL. Use
-    :func:`paternoster.ops.rms_norm` instead."""
+    :func:`paternoster.kernels.rms_norm` instead."""
 
 def _fused_add_rms_norm_ptr(
     x: int,
@@ -368,7 +368,7 @@ def _fused_add_rms_norm_ptr(
 ) -> None:
     """``residual += x; x = rms_norm(residual)`` in place on raw CPU data pointers
     ([T, H] each, distinct). Releases the GIL. Use
-    :func:`paternoster.ops.fused_add_rms_norm` instead."""
+    :func:`paternoster.kernels.fused_add_rms_norm` instead."""
 
 def _silu_and_mul_ptr(
     out: int,
@@ -379,7 +379,7 @@ def _silu_and_mul_ptr(
 ) -> None:
     """``out [T, I] = silu(x[:, :I]) * x[:, I:]`` on raw CPU data pointers
     (``out`` must not overlap ``x``). Releases the GIL. Use
-    :func:`paternoster.ops.silu_and_mul` instead."""
+    :func:`paternoster.kernels.silu_and_mul` instead."""
 
 def _rotary_embedding_ptr(
     positions: int,
@@ -401,4 +401,4 @@ def _rotary_embedding_ptr(
     [max_positions, head_size] (cos then sin), ``positions`` int64 [T].
     ValueError (before writing) for a position outside ``[0, max_positions)``,
     an odd head size or rows closer than their heads. Releases the GIL. Use
-    :func:`paternoster.ops.rotary_embedding` instead."""
+    :func:`paternoster.kernels.rotary_embedding` instead."""

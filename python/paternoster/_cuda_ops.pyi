@@ -13,7 +13,7 @@ host or allocates, so calls can be captured in a CUDA graph.
 
 Errors: ``ValueError`` for arguments the kernels cannot handle (checked before
 any CUDA call); ``RuntimeError`` naming the CUDA error for a failed launch or a
-machine without a usable GPU. Use :mod:`paternoster.ops`, which checks tensor
+machine without a usable GPU. Use :mod:`paternoster.kernels`, which checks tensor
 dtypes, devices and shapes first.
 """
 
@@ -53,7 +53,7 @@ def paged_attention(
     max_seq_len: int, scale: float, dtype: DType, workspace: int, workspace_bytes: int,
     num_sms: int, device: int, stream: int,
 ) -> None:
-    """Causal paged attention, layouts as in :mod:`paternoster.ops`; head size
+    """Causal paged attention, layouts as in :mod:`paternoster.kernels`; head size
     64 or 128, block size a power of two >= 8, 16-byte aligned pointers,
     strides (0 = dense) multiples of 8 elements. ``max_query_len`` (0 = T) and
     ``max_seq_len`` (0 = max_blocks_per_seq * block_size) are upper bounds;

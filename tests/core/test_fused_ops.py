@@ -1,4 +1,4 @@
-"""paternoster.ops' fused elementwise ops (RMSNorm, residual add + RMSNorm,
+"""paternoster.kernels' fused elementwise ops (RMSNorm, residual add + RMSNorm,
 SiLU-and-mul, RoPE) against float64 references, against the torch code they
 replace (HF Llama's roundings), and their argument checks."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paternoster import ops
-from paternoster.model.llama import rms_norm_torch, silu_and_mul_torch
-from paternoster.model.rope import RotaryEmbedding, rotary_embedding_torch
+from paternoster import kernels
+from paternoster.kernels.native import rms_norm_torch, rotary_embedding_torch, silu_and_mul_torch
+from paternoster.model.rope import RotaryEmbedding
 
 DTYPES = [torch.float32, torch.bfloat16]
 # Error allowed relative to the size of the exact result: float32 sums and the
@@ -24,9 +24,9 @@ ULPS = {torch.float32: 8 * 2**-23, torch.bfloat16: 2**-7}
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
-    ops.set_num_threads(1)
+    kernels.set_num_threads(1)
     yield
-    ops.set_num_threads(1)
+    kernels.set_num_threads(1)
 
 
 def _randn(*shape, dtype, scale=1.0, seed=0):
@@ -55,7 +55,7 @@ def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def test_rms_norm_matches_float64_reference(dtype, t, h):
     x = _randn(t, h, dtype=dtype, scale=3.0, seed=t * h)
     w = _randn(h, dtype=dtype, seed=1)
-    _assert_close(ops.rms_norm(x, w, 1e-5), _rms_ref(x, w, 1e-5), dtype)
+    _assert_close(kernels.rms_norm(x, w, 1e-5), _rms_ref(x, w, 1e-5), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -65,7 +65,7 @@ def test_rms_norm_reproduces_the_torch_code(dtype):
     (a row whose 1/rms differs in the last bit may round differently)."""
     x = _randn(64, 576, dtype=dtype, scale=2.0, seed=3)
     w = _randn(576, dtype=dtype, seed=4)
-    got, want = ops.rms_norm(x, w, 1e-5), rms_norm_torch(x, w, 1e-5)
+    got, want = kernels.rms_norm(x, w, 1e-5), rms_norm_torch(x, w, 1e-5)
     assert ((got.double() - want.double()).abs() <= ULPS[dtype] * want.double().abs()).all()
     if dtype == torch.bfloat16:
         assert (got == want).float().mean().item() >= 0.999
@@ -75,10 +75,10 @@ def test_rms_norm_eps_and_out():
     x = _randn(4, 33, dtype=torch.float32, scale=0.01, seed=5)  # mean square 1e-4 << eps
     w = _randn(33, dtype=torch.float32, seed=6)
     out = torch.empty_like(x)
-    assert ops.rms_norm(x, w, 0.1, out=out) is out
+    assert kernels.rms_norm(x, w, 0.1, out=out) is out
     _assert_close(out, _rms_ref(x, w, 0.1), torch.float32)
     y = x.clone()
-    ops.rms_norm(y, w, 0.1, out=y)  # in place
+    kernels.rms_norm(y, w, 0.1, out=y)  # in place
     assert torch.equal(y, out)
 
 
@@ -89,7 +89,7 @@ def test_fused_add_rms_norm_matches_add_then_norm(dtype, t, h):
     residual = _randn(t, h, dtype=dtype, scale=4.0, seed=8)
     w = _randn(h, dtype=dtype, seed=9)
     total = x + residual  # rounded once, like the kernel's add
-    ops.fused_add_rms_norm(x, residual, w, 1e-6)
+    kernels.fused_add_rms_norm(x, residual, w, 1e-6)
     assert torch.equal(residual, total)
     _assert_close(x, _rms_ref(total, w, 1e-6), dtype)
     if dtype == torch.bfloat16:  # the norm reads the rounded sum, as torch's add-then-norm
@@ -106,22 +106,22 @@ def test_silu_and_mul_matches_float64_reference(dtype, t, inter):
     x[0, 0], x[0, 1] = -100.0, 95.0  # exp overflows / underflows in float32
     gate, up = x.double().chunk(2, dim=-1)
     want = gate * torch.sigmoid(gate) * up
-    _assert_close(ops.silu_and_mul(x), want, dtype)
+    _assert_close(kernels.silu_and_mul(x), want, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_is_within_one_rounding_of_torch(dtype):
     """One rounding instead of torch's two (SiLU output, then the product)."""
     x = _randn(64, 2 * 1536, dtype=dtype, scale=3.0, seed=11)
-    got, want = ops.silu_and_mul(x).double(), silu_and_mul_torch(x).double()
+    got, want = kernels.silu_and_mul(x).double(), silu_and_mul_torch(x).double()
     assert ((got - want).abs() <= ULPS[dtype] * want.abs() + 1e-30).all()
 
 
 def test_silu_and_mul_out():
     x = _randn(3, 10, dtype=torch.float32, seed=12)
     out = torch.full((3, 5), float("nan"))
-    assert ops.silu_and_mul(x, out=out) is out
-    assert torch.equal(out, ops.silu_and_mul(x))
+    assert kernels.silu_and_mul(x, out=out) is out
+    assert torch.equal(out, kernels.silu_and_mul(x))
 
 
 # ---------------------------------------------------------------- RoPE
@@ -156,7 +156,7 @@ def test_rotary_embedding_matches_float64_reference(dtype, is_neox, t, d):
     k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
     positions = torch.randint(0, 300, (t,), generator=torch.Generator().manual_seed(t))
     positions[0] = 299
-    ops.rotary_embedding(positions, q, k, table.cos_sin_cache, d, is_neox)
+    kernels.rotary_embedding(positions, q, k, table.cos_sin_cache, d, is_neox)
     for got, orig in ((q, before[:, : hq * d].view(t, hq, d)),
                       (k, before[:, hq * d : (hq + hkv) * d].view(t, hkv, d))):
         want = _rope_ref(orig, table.cos_sin_cache, positions, is_neox)
@@ -176,7 +176,7 @@ def test_rotary_embedding_is_bitwise_hf(dtype):
     cos = table.cos[positions].repeat(1, 2)[None]  # HF's [B, T, D]: the angles twice
     sin = table.sin[positions].repeat(1, 2)[None]
     hf_q, hf_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    ops.rotary_embedding(positions, q, k, table.cos_sin_cache, d)
+    kernels.rotary_embedding(positions, q, k, table.cos_sin_cache, d)
     assert torch.equal(q, hf_q[0].transpose(0, 1))
     assert torch.equal(k, hf_k[0].transpose(0, 1))
 
@@ -187,7 +187,7 @@ def test_rotary_embedding_accepts_flat_heads_and_matches_torch_fallback():
     q, k = _randn(t, hq * d, dtype=torch.float32, seed=4), _randn(t, hkv * d, dtype=torch.float32)
     q2, k2 = q.clone(), k.clone()
     positions = torch.arange(t) * 7
-    ops.rotary_embedding(positions, q, k, table.cos_sin_cache, d)
+    kernels.rotary_embedding(positions, q, k, table.cos_sin_cache, d)
     rotary_embedding_torch(positions, q2, k2, table.cos_sin_cache)
     torch.testing.assert_close(q, q2, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(k, k2, atol=1e-6, rtol=1e-6)
@@ -208,11 +208,11 @@ def test_two_threads_give_the_same_bits(dtype):
     positions = torch.arange(t) % 512
 
     def run(threads):
-        ops.set_num_threads(threads)
+        kernels.set_num_threads(threads)
         xs, rs, qs, ks = x.clone(), r.clone(), q.clone(), k.clone()
-        ops.fused_add_rms_norm(xs, rs, w, 1e-5)
-        ops.rotary_embedding(positions, qs, ks, table.cos_sin_cache, d)
-        return [ops.rms_norm(x, w, 1e-5), xs, rs, ops.silu_and_mul(gate_up), qs, ks]
+        kernels.fused_add_rms_norm(xs, rs, w, 1e-5)
+        kernels.rotary_embedding(positions, qs, ks, table.cos_sin_cache, d)
+        return [kernels.rms_norm(x, w, 1e-5), xs, rs, kernels.silu_and_mul(gate_up), qs, ks]
 
     for one, two in zip(run(1), run(2), strict=True):
         assert torch.equal(one, two)
@@ -224,37 +224,37 @@ def test_two_threads_give_the_same_bits(dtype):
 def test_rms_norm_rejects_bad_arguments():
     x, w = torch.zeros(4, 8), torch.ones(8)
     with pytest.raises(ValueError, match="x must be float32 or bfloat16"):
-        ops.rms_norm(x.half(), w.half(), 1e-5)
+        kernels.rms_norm(x.half(), w.half(), 1e-5)
     with pytest.raises(ValueError, match="x must be contiguous"):
-        ops.rms_norm(torch.zeros(8, 4).t(), w, 1e-5)
+        kernels.rms_norm(torch.zeros(8, 4).t(), w, 1e-5)
     with pytest.raises(ValueError, match="x must be 2-D"):
-        ops.rms_norm(torch.zeros(2, 2, 8), w, 1e-5)
+        kernels.rms_norm(torch.zeros(2, 2, 8), w, 1e-5)
     with pytest.raises(ValueError, match="weight has 7 entries"):
-        ops.rms_norm(x, torch.ones(7), 1e-5)
+        kernels.rms_norm(x, torch.ones(7), 1e-5)
     with pytest.raises(ValueError, match="weight must be torch.bfloat16"):
-        ops.rms_norm(x.bfloat16(), w, 1e-5)
+        kernels.rms_norm(x.bfloat16(), w, 1e-5)
     with pytest.raises(ValueError, match="out shape"):
-        ops.rms_norm(x, w, 1e-5, out=torch.empty(4, 9))
+        kernels.rms_norm(x, w, 1e-5, out=torch.empty(4, 9))
     with pytest.raises(ValueError, match="eps"):
-        ops.rms_norm(x, w, -1.0)
+        kernels.rms_norm(x, w, -1.0)
     with pytest.raises(ValueError, match="residual shape"):
-        ops.fused_add_rms_norm(x, torch.zeros(3, 8), w, 1e-5)
+        kernels.fused_add_rms_norm(x, torch.zeros(3, 8), w, 1e-5)
     with pytest.raises(ValueError, match="residual must be torch.float32"):
-        ops.fused_add_rms_norm(x, torch.zeros(4, 8, dtype=torch.bfloat16), w, 1e-5)
+        kernels.fused_add_rms_norm(x, torch.zeros(4, 8, dtype=torch.bfloat16), w, 1e-5)
     with pytest.raises(ValueError, match="x and residual"):
-        ops.fused_add_rms_norm(x, x, w, 1e-5)
+        kernels.fused_add_rms_norm(x, x, w, 1e-5)
 
 
 def test_silu_and_mul_rejects_bad_arguments():
     with pytest.raises(ValueError, match="even number of columns"):
-        ops.silu_and_mul(torch.zeros(2, 7))
+        kernels.silu_and_mul(torch.zeros(2, 7))
     with pytest.raises(ValueError, match="x must be contiguous"):
-        ops.silu_and_mul(torch.zeros(8, 2).t())
+        kernels.silu_and_mul(torch.zeros(8, 2).t())
     with pytest.raises(ValueError, match=r"out must have shape \(2, 4\)"):
-        ops.silu_and_mul(torch.zeros(2, 8), out=torch.zeros(2, 8))
+        kernels.silu_and_mul(torch.zeros(2, 8), out=torch.zeros(2, 8))
     x = torch.zeros(2, 8)
     with pytest.raises(ValueError, match="overlap"):
-        ops.silu_and_mul(x, out=x.view(-1)[4:12].view(2, 4))
+        kernels.silu_and_mul(x, out=x.view(-1)[4:12].view(2, 4))
 
 
 def test_rotary_embedding_rejects_bad_arguments_before_writing():
@@ -263,42 +263,43 @@ def test_rotary_embedding_rejects_bad_arguments_before_writing():
     q, k = torch.ones(3, 2, 8), torch.ones(3, 1, 8)
     pos = torch.tensor([0, 9, 10])
     with pytest.raises(ValueError, match=r"positions\[2\] = 10 out of range \[0, 10\)"):
-        ops.rotary_embedding(pos, q, k, cache, 8)
+        kernels.rotary_embedding(pos, q, k, cache, 8)
     assert (q == 1).all() and (k == 1).all()
     pos = pos.clamp(max=9)
     with pytest.raises(ValueError, match="positions must be torch.int64"):
-        ops.rotary_embedding(pos.int(), q, k, cache, 8)
+        kernels.rotary_embedding(pos.int(), q, k, cache, 8)
     with pytest.raises(ValueError, match="positions has 2 entries"):
-        ops.rotary_embedding(pos[:2], q, k, cache, 8)
+        kernels.rotary_embedding(pos[:2], q, k, cache, 8)
     with pytest.raises(ValueError, match="query has head size 8, expected head_size=4"):
-        ops.rotary_embedding(pos, q, k, cache, 4)
+        kernels.rotary_embedding(pos, q, k, cache, 4)
     with pytest.raises(ValueError, match="head_size must be even"):
-        ops.rotary_embedding(pos, q.view(3, 16), k.view(3, 8), cache, 1)
+        kernels.rotary_embedding(pos, q.view(3, 16), k.view(3, 8), cache, 1)
     with pytest.raises(ValueError, match="key has 2 tokens"):
-        ops.rotary_embedding(pos, q, k[:2], cache, 8)
+        kernels.rotary_embedding(pos, q, k[:2], cache, 8)
     with pytest.raises(ValueError, match="key must be torch.float32"):
-        ops.rotary_embedding(pos, q, k.bfloat16(), cache, 8)
+        kernels.rotary_embedding(pos, q, k.bfloat16(), cache, 8)
     with pytest.raises(ValueError, match="cos_sin_cache must be torch.float32"):
-        ops.rotary_embedding(pos, q, k, cache.bfloat16(), 8)
+        kernels.rotary_embedding(pos, q, k, cache.bfloat16(), 8)
     with pytest.raises(ValueError, match="cos_sin_cache has 16 columns"):
-        ops.rotary_embedding(pos, q, k, torch.zeros(10, 16), 8)
+        kernels.rotary_embedding(pos, q, k, torch.zeros(10, 16), 8)
     with pytest.raises(ValueError, match="query must have contiguous heads"):
-        ops.rotary_embedding(pos, torch.ones(3, 8, 2).transpose(1, 2), k, cache, 8)
+        kernels.rotary_embedding(pos, torch.ones(3, 8, 2).transpose(1, 2), k, cache, 8)
     with pytest.raises(ValueError, match="query must be float32 or bfloat16"):
-        ops.rotary_embedding(pos, q.half(), k.half(), cache.half(), 8)
+        kernels.rotary_embedding(pos, q.half(), k.half(), cache.half(), 8)
 
 
 # ---------------------------------------------------------------- off the CPU
 
 
-def test_other_devices_run_the_torch_code():
-    """Meta tensors stand in for CUDA ones: the wrappers take the torch fallback
-    (the model's GPU path) and keep its shapes."""
+def test_devices_without_fused_kernels_run_the_torch_reference():
+    """Meta tensors stand in for CUDA ones: the dispatch picks the torch
+    reference (the CUDA backend's elementwise ops), which keeps the shapes."""
+    assert isinstance(kernels.backend_for("meta"), kernels.NativeBackend)
     x, w = torch.empty(4, 8, device="meta"), torch.empty(8, device="meta")
-    assert ops.rms_norm(x, w, 1e-5).shape == (4, 8)
-    ops.fused_add_rms_norm(x, torch.empty(4, 8, device="meta"), w, 1e-5)
-    assert ops.silu_and_mul(x).shape == (4, 4)
+    assert kernels.rms_norm(x, w, 1e-5).shape == (4, 8)
+    kernels.fused_add_rms_norm(x, torch.empty(4, 8, device="meta"), w, 1e-5)
+    assert kernels.silu_and_mul(x).shape == (4, 4)
     cache = torch.empty(10, 8, device="meta")
     pos = torch.zeros(4, dtype=torch.int64, device="meta")
-    ops.rotary_embedding(pos, torch.empty(4, 2, 8, device="meta"),
-                         torch.empty(4, 1, 8, device="meta"), cache, 8)
+    kernels.rotary_embedding(pos, torch.empty(4, 2, 8, device="meta"),
+                             torch.empty(4, 1, 8, device="meta"), cache, 8)

@@ -1,5 +1,5 @@
-"""paternoster.ops.paged_attention / reshape_and_cache against a float64 numpy
-reference (gather K/V through the block table, causal mask, softmax)."""
+"""paternoster.kernels.paged_attention / reshape_and_cache on the CPU against
+the suite's float64 paged-attention reference (tests/paged_attention_ref.py)."""
 
 from __future__ import annotations
 
@@ -11,33 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from paternoster import _core, ops
+from paternoster import _core, kernels
+
+from ..paged_attention_ref import paged_attention_reference
 
 F32_TOL = 1e-5  # absolute, outputs are O(1)
 BF16_TOL = 2e-2  # relative to max |reference|; bf16 output rounding is 2^-8 = 0.4 %
 
 
 def reference_attention(q, k_cache, v_cache, block_tables, seq_lens, qsl, scale):
-    """Float64 paged causal attention, one sequence and head at a time."""
-    q, k_cache, v_cache = (np.asarray(x, dtype=np.float64) for x in (q, k_cache, v_cache))
-    num_tokens, num_heads, head_size = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    out = np.zeros_like(q)
-    for b, seq_len in enumerate(seq_lens):
-        start, end = qsl[b], qsl[b + 1]
-        q_len = end - start
-        positions = np.arange(seq_len)
-        slots_block = block_tables[b][positions // block_size]
-        keys = k_cache[slots_block, positions % block_size]  # [seq_len, Hkv, D]
-        values = v_cache[slots_block, positions % block_size]
-        for i in range(q_len):
-            pos = seq_len - q_len + i
-            for h in range(num_heads):
-                scores = keys[: pos + 1, h // group] @ q[start + i, h] * scale
-                p = np.exp(scores - scores.max())
-                out[start + i, h] = (p / p.sum()) @ values[: pos + 1, h // group]
-    return out
+    """The shared reference on numpy arrays: float64 ``[T, Hq, D]``."""
+    return paged_attention_reference(
+        *(torch.from_numpy(np.asarray(x)) for x in (q, k_cache, v_cache, block_tables,
+                                                    seq_lens, qsl)), scale).numpy()
 
 
 def make_batch(rng, q_lens, context_lens, num_heads, num_kv_heads, head_size, block_size, dtype):
@@ -66,7 +52,7 @@ def run_and_compare(rng, q_lens, context_lens, hq, hkv, d, bs, dtype):
         rng, q_lens, context_lens, hq, hkv, d, bs, dtype
     )
     scale = d**-0.5
-    out = ops.paged_attention(
+    out = kernels.paged_attention(
         query,
         k_cache,
         v_cache,
@@ -139,11 +125,11 @@ def test_out_argument_is_filled_and_returned():
     )
     out = torch.full_like(query, 7.0)
     args = (torch.from_numpy(tables), torch.from_numpy(seq_lens), torch.from_numpy(qsl))
-    res = ops.paged_attention(query, k_cache, v_cache, *args, 0.125, out=out)
+    res = kernels.paged_attention(query, k_cache, v_cache, *args, 0.125, out=out)
     assert res is out
     np.testing.assert_allclose(
         out.numpy(),
-        ops.paged_attention(query, k_cache, v_cache, *args, 0.125).numpy(),
+        kernels.paged_attention(query, k_cache, v_cache, *args, 0.125).numpy(),
         rtol=0,
         atol=0,
     )
@@ -164,7 +150,7 @@ def test_reshape_and_cache_writes_only_mapped_slots(dtype):
     k_before, v_before = k_cache.clone(), v_cache.clone()
     slots = torch.from_numpy(np.random.default_rng().permutation(num_blocks * block_size)[:t])
     slots[3] = -1  # skipped
-    ops.reshape_and_cache(key, value, k_cache, v_cache, slots)
+    kernels.reshape_and_cache(key, value, k_cache, v_cache, slots)
     k_flat, v_flat = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
     written = set()
     for i, s in enumerate(slots.tolist()):
@@ -190,8 +176,8 @@ def test_reshape_then_attend_round_trip():
     t = sum(lens)
     key, value, query = torch.randn(t, 2, 32), torch.randn(t, 2, 32), torch.randn(t, 4, 32)
     k_cache, v_cache = torch.zeros(32, 16, 2, 32), torch.zeros(32, 16, 2, 32)
-    ops.reshape_and_cache(key, value, k_cache, v_cache, torch.from_numpy(batch["slot_mapping"]))
-    out = ops.paged_attention(
+    kernels.reshape_and_cache(key, value, k_cache, v_cache, torch.from_numpy(batch["slot_mapping"]))
+    out = kernels.paged_attention(
         query,
         k_cache,
         v_cache,
@@ -252,7 +238,7 @@ def test_paged_attention_rejects_bad_argument(good_args, name, bad):
     args = dict(good_args)
     args[name] = bad(args)
     with pytest.raises(ValueError, match=name):
-        ops.paged_attention(**args)
+        kernels.paged_attention(**args)
 
 
 def test_paged_attention_rejects_bad_values(good_args):
@@ -260,16 +246,16 @@ def test_paged_attention_rejects_bad_values(good_args):
     args["block_tables"] = args["block_tables"].clone()
     args["block_tables"][0, 0] = args["key_cache"].shape[0]
     with pytest.raises(ValueError, match="block_tables"):
-        ops.paged_attention(**args)
+        kernels.paged_attention(**args)
     args = dict(good_args)
     args["seq_lens"] = torch.tensor([1, 5], dtype=torch.int32)  # < q_len 2
     with pytest.raises(ValueError, match="seq_lens"):
-        ops.paged_attention(**args)
+        kernels.paged_attention(**args)
     args = dict(good_args)
     with pytest.raises(ValueError, match="out"):
-        ops.paged_attention(**args, out=torch.empty(3, 4, 8))
+        kernels.paged_attention(**args, out=torch.empty(3, 4, 8))
     with pytest.raises(ValueError, match="query heads"):
-        ops.paged_attention(**{**args, "query": torch.randn(3, 3, 16)})
+        kernels.paged_attention(**{**args, "query": torch.randn(3, 3, 16)})
 
 
 def test_reshape_and_cache_rejects_bad_arguments():
@@ -277,16 +263,16 @@ def test_reshape_and_cache_rejects_bad_arguments():
     k_cache, v_cache = torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8)
     slots = torch.arange(4)
     with pytest.raises(ValueError, match="slot_mapping"):
-        ops.reshape_and_cache(key, value, k_cache, v_cache, slots.int())
+        kernels.reshape_and_cache(key, value, k_cache, v_cache, slots.int())
     with pytest.raises(ValueError, match="value"):
-        ops.reshape_and_cache(key, value.bfloat16(), k_cache, v_cache, slots)
+        kernels.reshape_and_cache(key, value.bfloat16(), k_cache, v_cache, slots)
     with pytest.raises(ValueError, match="key_cache"):
-        ops.reshape_and_cache(key, value, torch.zeros(3, 4, 1, 8), v_cache, slots)
+        kernels.reshape_and_cache(key, value, torch.zeros(3, 4, 1, 8), v_cache, slots)
     with pytest.raises(ValueError, match="slot_mapping"):
-        ops.reshape_and_cache(key, value, k_cache, v_cache, torch.tensor([0, 1, 2, 12]))
+        kernels.reshape_and_cache(key, value, k_cache, v_cache, torch.tensor([0, 1, 2, 12]))
     assert k_cache.abs().sum() == 0  # nothing written on error
     with pytest.raises(ValueError, match="key"):
-        ops.reshape_and_cache(key.transpose(0, 1), value, k_cache, v_cache, slots)
+        kernels.reshape_and_cache(key.transpose(0, 1), value, k_cache, v_cache, slots)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -304,13 +290,13 @@ def test_thread_pool_survives_fork():
     out = torch.zeros_like(query)
     _core.set_num_threads(2)
     try:
-        ops.paged_attention(query, k_cache, v_cache, *meta, 0.125, out=out)  # workers started
+        kernels.paged_attention(query, k_cache, v_cache, *meta, 0.125, out=out)  # workers started
         pid = os.fork()
         if pid == 0:  # child: the exit code is the verdict
             code = 1
             try:
                 out.numpy()[:] = 0  # numpy: torch ops may hang after fork
-                ops.paged_attention(query, k_cache, v_cache, *meta, 0.125, out=out)
+                kernels.paged_attention(query, k_cache, v_cache, *meta, 0.125, out=out)
                 code = 0 if np.abs(out.numpy() - ref).max() < F32_TOL else 2
             finally:
                 os._exit(code)

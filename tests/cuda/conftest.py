@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 _GPU_CHECK = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
 
@@ -27,13 +26,9 @@ def load_gpu_check():
 
 def cuda_ready() -> bool:
     """A GPU torch can use and the CUDA kernels built."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        from paternoster import ops
-    except ImportError:
-        return False
-    return ops.cuda_kernels_available()
+    from paternoster import kernels
+
+    return kernels.cuda_kernels_available()
 
 
 requires_gpu = pytest.mark.skipif(not cuda_ready(), reason="needs a CUDA GPU and _cuda_ops")

@@ -1,8 +1,8 @@
 """The CUDA kernels' own code on a CPU: ``paternoster._cuda_emu`` compiles
 cuda/src unchanged against the emulation of the CUDA execution model in
 cuda/emu (every CUDA thread a fiber; __syncthreads, __syncwarp and warp
-shuffles exact), and :func:`paternoster.ops.emulate_cuda_kernels` routes CPU
-tensors through it and through the same Python backend as on a GPU.
+shuffles exact), and :func:`paternoster.kernels.emulated_cuda_backend` wraps it
+in the same Python backend as on a GPU, for CPU tensors.
 
 Checked against the float32 torch reference of bench/gpu_check.py (fresh
 random inputs, NaN-poisoned outputs and unused cache slots, relative L2 error
@@ -19,13 +19,13 @@ import dataclasses
 import pytest
 import torch
 
-from paternoster import ops
+from paternoster import kernels
 
 from .conftest import load_gpu_check
 
 gc = load_gpu_check()
 
-pytestmark = pytest.mark.skipif(not ops.cuda_emulation_available(),
+pytestmark = pytest.mark.skipif(not kernels.cuda_emulation_available(),
                                 reason="paternoster._cuda_emu not built (needs the CUDA toolkit)")
 
 # The GPU check's cases; its 40k-token split-K case is shortened (same plan:
@@ -35,10 +35,11 @@ CASES = [LONG if c is gc.CASES[2] else c for c in gc.CASES]
 
 
 @pytest.fixture
-def emu():
-    with ops.emulate_cuda_kernels() as module:
-        module.emu_stats(True)
-        yield module
+def backend():
+    """The emulated CUDA backend, its launch statistics reset."""
+    backend = kernels.emulated_cuda_backend()
+    backend.module.emu_stats(True)
+    return backend
 
 
 def assert_ok(res: dict) -> None:
@@ -48,39 +49,39 @@ def assert_ok(res: dict) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_paged_attention_matches_reference(emu, case):
-    res = gc.check_attention_case(case, "cpu", seed=torch.seed() % 2**31, ops_module=ops)
+def test_paged_attention_matches_reference(backend, case):
+    res = gc.check_attention_case(case, "cpu", seed=torch.seed() % 2**31, ops_module=backend)
     assert_ok(res)
-    stats = emu.emu_stats()
+    stats = backend.module.emu_stats()
     assert stats["launches"] >= 2 and stats["threads"] > 0  # the emulated kernels ran
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.dtype == torch.bfloat16][:3],
                          ids=lambda c: c.name)
-def test_float16_variant_matches_reference(emu, case):
-    assert_ok(gc.check_attention_case(case, "cpu", seed=3, ops_module=ops, dtype=torch.float16))
+def test_float16_variant_matches_reference(backend, case):
+    assert_ok(gc.check_attention_case(case, "cpu", seed=3, ops_module=backend, dtype=torch.float16))
 
 
 # Workspace bytes of one split of LONG: 2 sequences x 32 heads x (D + 2) floats.
 PER_SPLIT = 2 * 32 * (128 + 2) * 4
 
 
-def test_the_long_case_splits_and_the_workspace_bounds_the_splits(emu):
-    assert emu.decode_num_splits(2, 32, 8, 9001, 132) == 32
+def test_the_long_case_splits_and_the_workspace_bounds_the_splits(backend):
+    assert backend.module.decode_num_splits(2, 32, 8, 9001, 132) == 32
     blocks = {}
     for label, ws in (("planned", None), ("none", torch.empty(0, dtype=torch.uint8)),
                       ("small", torch.empty(4 * PER_SPLIT + 100, dtype=torch.uint8))):
-        emu.emu_stats(True)
-        assert_ok(gc.check_attention_case(LONG, "cpu", seed=11, ops_module=ops, workspace=ws))
-        blocks[label] = emu.emu_stats()["blocks"]
+        backend.module.emu_stats(True)
+        assert_ok(gc.check_attention_case(LONG, "cpu", seed=11, ops_module=backend, workspace=ws))
+        blocks[label] = backend.module.emu_stats()["blocks"]
     # decode grid: 8 kv heads x 2 sequences x splits (+ 2 x 32 reduction blocks when split)
     assert blocks["none"] == 16
     assert blocks["planned"] == 16 * 32 + 2 * 32
     assert blocks["small"] == 16 * 4 + 2 * 32  # room for 4 splits: 4 are used
 
 
-def test_default_hints_launch_both_kernels(emu):
-    assert_ok(gc.check_attention_case(gc.CASES[10], "cpu", seed=12, ops_module=ops,
+def test_default_hints_launch_both_kernels(backend):
+    assert_ok(gc.check_attention_case(gc.CASES[10], "cpu", seed=12, ops_module=backend,
                                       kernel_hints=False))
 
 
@@ -97,24 +98,24 @@ def test_shuffled_thread_orders_give_identical_results(case):
     a barrier after its write would see a different value in another order."""
     outs = []
     for seed in (0, 1, 0x9E3779B97F4A7C15):
-        with ops.emulate_cuda_kernels(schedule_seed=seed):
-            c = gc.make_attention_case(case, "cpu", seed=21)
-            ops.paged_attention(c["query"], c["key_cache"], c["value_cache"],
+        backend = kernels.emulated_cuda_backend(schedule_seed=seed)
+        c = gc.make_attention_case(case, "cpu", seed=21)
+        backend.paged_attention(c["query"], c["key_cache"], c["value_cache"],
                                 c["block_tables"], c["seq_lens"], c["query_start_loc"],
                                 c["scale"], out=c["out"], max_query_len=max(c["q_lens"]),
                                 max_seq_len=max(c["seq_lens_host"]))
-            outs.append(c["out"])
+        outs.append(c["out"])
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     res = gc.compare(outs[0], gc.reference_attention(c))
     assert res["finite"] and res["rel_err"] < gc.TOLERANCE[case.dtype], res
 
 
-def test_reshape_and_cache_writes_only_valid_slots(emu):
-    assert gc.check_reshape_and_cache(ops, "cpu", seed=5)["ok"]
+def test_reshape_and_cache_writes_only_valid_slots(backend):
+    assert gc.check_reshape_and_cache(backend, "cpu", seed=5)["ok"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_reshape_and_cache_narrow_rows(emu, dtype):
+def test_reshape_and_cache_narrow_rows(backend, dtype):
     """Rows that are not 16-byte multiples (Hkv * D * 2 = 12 bytes) take the
     4-byte copy; negative slots are skipped."""
     t, hkv, d, nb, bs = 9, 1, 6, 4, 8
@@ -123,7 +124,7 @@ def test_reshape_and_cache_narrow_rows(emu, dtype):
     slots = torch.tensor([0, 5, 31, -1, 17, 8, 30, -7, 2], dtype=torch.int64)
     kc = torch.full((nb, bs, hkv, d), float("nan"), dtype=dtype)
     vc = kc.clone()
-    ops.reshape_and_cache(key, value, kc, vc, slots)
+    backend.reshape_and_cache(key, value, kc, vc, slots)
     keep = slots >= 0
     ref_k = torch.full_like(kc, float("nan"))
     ref_v = ref_k.clone()
@@ -133,11 +134,11 @@ def test_reshape_and_cache_narrow_rows(emu, dtype):
     assert torch.equal(vc.nan_to_num(7.0), ref_v.nan_to_num(7.0))
 
 
-def test_padding_rows_are_zeros(emu):
-    assert gc.check_padding_rows(ops, "cpu", seed=6)["ok"]
+def test_padding_rows_are_zeros(backend):
+    assert gc.check_padding_rows(backend, "cpu", seed=6)["ok"]
 
 
-def test_rows_outside_the_batch_are_left_alone(emu):
+def test_rows_outside_the_batch_are_left_alone(backend):
     """A step's output rows past query_start_loc[B] (and before [0]) keep their
     contents: the kernels write only the rows they own."""
     c = gc.make_attention_case(CASES[10], "cpu", seed=8)
@@ -147,53 +148,55 @@ def test_rows_outside_the_batch_are_left_alone(emu):
     query = torch.randn(t + 4, hq, d).to(c["query"].dtype)
     query[2: t + 2] = c["query"]
     out = torch.full((t + 4, hq, d), 3.0, dtype=query.dtype)
-    ops.paged_attention(query, c["key_cache"], c["value_cache"], c["block_tables"],
-                        c["seq_lens"], c["query_start_loc"], c["scale"], out=out)
+    backend.paged_attention(query, c["key_cache"], c["value_cache"], c["block_tables"],
+                            c["seq_lens"], c["query_start_loc"], c["scale"], out=out)
     assert (out[:2] == 3.0).all() and (out[t + 2:] == 3.0).all()
     res = gc.compare(out[2: t + 2], gc.reference_attention(c))
     assert res["finite"] and res["rel_err"] < 1e-2, res
 
 
-def test_cuda_dtypes_only_while_emulating(emu):
+def test_the_emulation_takes_only_the_cuda_dtypes(backend):
     q = torch.zeros(1, 8, 64)
     cache = torch.zeros(1, 16, 8, 64)
     idx = torch.zeros(1, 1, dtype=torch.int32)
     with pytest.raises(ValueError, match="query must be float16 or bfloat16"):
-        ops.paged_attention(q, cache, cache, idx, idx[0], torch.zeros(2, dtype=torch.int32), 0.1)
+        backend.paged_attention(q, cache, cache, idx, idx[0], torch.zeros(2, dtype=torch.int32),
+                                0.1)
 
 
-def test_unsupported_head_size_is_a_value_error(emu):
+def test_unsupported_head_size_is_a_value_error(backend):
     q = torch.zeros(1, 2, 96, dtype=torch.bfloat16)
     cache = torch.zeros(1, 16, 2, 96, dtype=torch.bfloat16)
     idx = torch.zeros(1, 1, dtype=torch.int32)
     with pytest.raises(ValueError, match="head_size must be 64 or 128"):
-        ops.paged_attention(q, cache, cache, idx, torch.ones(1, dtype=torch.int32),
-                            torch.tensor([0, 1], dtype=torch.int32), 0.1)
+        backend.paged_attention(q, cache, cache, idx, torch.ones(1, dtype=torch.int32),
+                                torch.tensor([0, 1], dtype=torch.int32), 0.1)
 
 
-def test_the_cpu_backend_is_restored():
-    with ops.emulate_cuda_kernels():
-        assert ops._BACKENDS["cpu"].cuda is not None
-    assert ops._BACKENDS["cpu"].cuda is None
+def test_the_cpu_kernels_stay_the_cpu_default(backend):
+    """An emulated backend is an object of its own: the dispatch still gives
+    CPU tensors the C++ core (float32 and D=16, which the CUDA kernels refuse)."""
+    assert isinstance(kernels.backend_for("cpu"), kernels.CpuBackend)
     q = torch.randn(1, 2, 16)
     cache = torch.randn(1, 16, 2, 16)
-    ops.paged_attention(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32),
-                        torch.ones(1, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
-                        0.25)  # float32 and D=16: the CPU kernels again
+    kernels.paged_attention(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32),
+                            torch.ones(1, dtype=torch.int32),
+                            torch.tensor([0, 1], dtype=torch.int32), 0.25)
+    assert backend.module.emu_stats()["launches"] == 0
 
 
-def test_alloc_decode_workspace_under_emulation(emu):
-    ws = ops.alloc_decode_workspace("cpu", 8, 32, 8, 128, 8192)
+def test_alloc_decode_workspace_under_emulation(backend):
+    ws = backend.alloc_decode_workspace("cpu", 8, 32, 8, 128, 8192)
     assert ws is not None and ws.dtype == torch.uint8
-    assert ws.numel() == emu.decode_workspace_bytes(8, 32, 8, 128, 8192, 132)
+    assert ws.numel() == backend.module.decode_workspace_bytes(8, 32, 8, 128, 8192, 132)
 
 
-def test_model_path_matches_hf(emu):
+def test_model_path_matches_hf(backend):
     """The model runner's bf16 forward with the CUDA attention kernels (emulated)
     against HF's float32 forward of the same weights: prefill, then decodes."""
-    res = gc.check_model_path(seed=2, steps=4, device="cpu")
+    res = gc.check_model_path(seed=2, steps=4, device="cpu", attn_ops=backend)
     assert res["ok"], res
-    assert emu.emu_stats()["launches"] > 0
+    assert backend.module.emu_stats()["launches"] > 0
 
 
 def _decode_case(table, seq_len, num_blocks=8):
@@ -212,27 +215,27 @@ def _decode_case(table, seq_len, num_blocks=8):
     ([0, 1], 10, [0, 5], None, r"within \[0, 1\]"),
     ([0, 1], 10, [1, 0], None, r"within|non-decreasing"),
 ])
-def test_index_contents_are_checked_as_on_the_cpu_path(emu, table, seq_len, qsl, max_query_len,
+def test_index_contents_are_checked_as_on_the_cpu_path(backend, table, seq_len, qsl, max_query_len,
                                                        message):
     """The emulation reads host memory: a bad index is a ValueError, not a
     read outside a tensor (on a GPU index contents are trusted)."""
     q, kc, vc, bt, sl, _, scale = _decode_case(table, seq_len)
     with pytest.raises(ValueError, match=message):
-        ops.paged_attention(q, kc, vc, bt, sl, torch.tensor(qsl, dtype=torch.int32), scale,
-                            max_query_len=max_query_len)
-    assert emu.emu_stats()["launches"] == 0  # refused before any launch
+        backend.paged_attention(q, kc, vc, bt, sl, torch.tensor(qsl, dtype=torch.int32), scale,
+                                max_query_len=max_query_len)
+    assert backend.module.emu_stats()["launches"] == 0  # refused before any launch
 
 
-def test_a_prefill_shorter_than_its_query_or_its_hint_is_refused(emu):
+def test_a_prefill_shorter_than_its_query_or_its_hint_is_refused(backend):
     q = torch.randn(5, 4, 64).to(torch.bfloat16)
     cache = torch.randn(4, 16, 2, 64).to(torch.bfloat16)
     table, qsl = torch.zeros(1, 2, dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"seq_lens\[0\] = 3 is below its query length 5"):
-        ops.paged_attention(q, cache, cache, table, torch.tensor([3], dtype=torch.int32), qsl,
-                            0.125)
+        backend.paged_attention(q, cache, cache, table, torch.tensor([3], dtype=torch.int32), qsl,
+                                0.125)
     with pytest.raises(ValueError, match="max_query_len = 1 is below the longest query"):
-        ops.paged_attention(q, cache, cache, table, torch.tensor([8], dtype=torch.int32), qsl,
-                            0.125, max_query_len=1)  # its rows would be left unwritten
+        backend.paged_attention(q, cache, cache, table, torch.tensor([8], dtype=torch.int32), qsl,
+                                0.125, max_query_len=1)  # its rows would be left unwritten
 
 
 def test_unchecked_emulation_has_the_gpu_semantics_for_slots():
@@ -241,35 +244,15 @@ def test_unchecked_emulation_has_the_gpu_semantics_for_slots():
     kc = torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16)
     vc = kc.clone()
     slots = torch.tensor([3, 32], dtype=torch.int64)
-    with ops.emulate_cuda_kernels():
-        with pytest.raises(ValueError, match="slot 32 out of range"):
-            ops.reshape_and_cache(key, key, kc, vc, slots)
-    with ops.emulate_cuda_kernels(check_indices=False):
-        ops.reshape_and_cache(key, key, kc, vc, slots)
+    with pytest.raises(ValueError, match="slot 32 out of range"):
+        kernels.emulated_cuda_backend().reshape_and_cache(key, key, kc, vc, slots)
+    kernels.emulated_cuda_backend(check_indices=False).reshape_and_cache(key, key, kc, vc, slots)
     assert torch.equal(kc.view(-1, 2, 64)[3], key[0])
     assert int((kc != 0).any(-1).any(-1).sum()) == 1  # slot 3 only
 
 
-def test_overlapping_blocks_restore_the_cpu_kernels_last():
-    """Two asyncio tasks whose emulation blocks end in the other order."""
-    import asyncio
-
-    cpu = ops._BACKENDS["cpu"]
-
-    async def task(delay: float) -> None:
-        with ops.emulate_cuda_kernels():
-            await asyncio.sleep(delay)
-            assert ops._BACKENDS["cpu"].cuda is not None
-
-    async def main() -> None:
-        await asyncio.gather(task(0.05), task(0.1))
-
-    asyncio.run(main())
-    assert ops._BACKENDS["cpu"] is cpu
-
-
-def test_workspace_sizes_are_refused_like_the_kernels_refuse_them(emu):
+def test_workspace_sizes_are_refused_like_the_kernels_refuse_them(backend):
     with pytest.raises(ValueError, match="head_size must be 64 or 128"):
-        ops.alloc_decode_workspace("cpu", 8, 32, 8, 96, 4096)
+        backend.alloc_decode_workspace("cpu", 8, 32, 8, 96, 4096)
     with pytest.raises(ValueError, match="max_num_seqs must be <= 65535"):
-        ops.alloc_decode_workspace("cpu", 100_000, 32, 8, 128, 4096)
+        backend.alloc_decode_workspace("cpu", 100_000, 32, 8, 128, 4096)

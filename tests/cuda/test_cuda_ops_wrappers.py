@@ -1,7 +1,7 @@
-"""The CUDA side of paternoster.ops on a CPU: argument validation with CUDA's
-dtypes (on meta tensors, which carry shape, dtype and device but no data) and
-the backend's calls into a fake ``_cuda_ops`` (stream, device index, kernel
-hints, split-K workspace)."""
+"""The CUDA backend of paternoster.kernels on a CPU: argument validation with
+CUDA's dtypes (on meta tensors, which carry shape, dtype and device but no
+data) and the backend's calls into a fake ``_cuda_ops`` (stream, device index,
+kernel hints, split-K workspace)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from paternoster import ops
+from paternoster import kernels
+from paternoster.kernels import checks, dispatch
 
 CUDA_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 META = torch.device("meta")
@@ -33,7 +34,7 @@ def check(**overrides):
     args = attention_tensors()
     out = overrides.pop("out", None)
     args.update(overrides)
-    return ops._check_attention(*args.values(), out, CUDA_DTYPES)
+    return checks.check_attention(*args.values(), out, CUDA_DTYPES)
 
 
 def test_valid_arguments_give_the_sizes():
@@ -43,7 +44,7 @@ def test_valid_arguments_give_the_sizes():
 def test_float32_is_rejected_with_the_cuda_dtypes_named():
     t = attention_tensors(dtype=torch.float32)
     with pytest.raises(ValueError, match=r"query must be float16 or bfloat16 on meta"):
-        ops._check_attention(*t.values(), None, CUDA_DTYPES)
+        checks.check_attention(*t.values(), None, CUDA_DTYPES)
 
 
 def meta(*shape, dtype=torch.bfloat16):
@@ -75,9 +76,9 @@ def test_cache_write_checks_use_the_cuda_dtypes():
     cache = torch.empty(10, 16, 8, 128, dtype=torch.float32, device=META)
     slots = torch.empty(3, dtype=torch.int64, device=META)
     with pytest.raises(ValueError, match="key must be float16 or bfloat16"):
-        ops._check_cache_write(key, key, cache, cache, slots, CUDA_DTYPES)
+        checks.check_cache_write(key, key, cache, cache, slots, CUDA_DTYPES)
     key, cache = key.bfloat16(), cache.bfloat16()
-    assert tuple(ops._check_cache_write(key, key, cache, cache, slots, CUDA_DTYPES)) == (
+    assert tuple(checks.check_cache_write(key, key, cache, cache, slots, CUDA_DTYPES)) == (
         3, 8, 128, 160)
 
 
@@ -111,22 +112,20 @@ ATTN_FIELDS = ("out", "query", "key_cache", "value_cache", "block_tables", "seq_
 
 
 @pytest.fixture
-def fake(monkeypatch):
-    """A CUDA-style backend for the meta device over FakeCudaOps."""
-    module = FakeCudaOps()
-    kernels = ops._CudaKernels(module, stream=lambda device: 0xBEEF, num_sms=lambda device: 132)
-    monkeypatch.setitem(ops._BACKENDS, "meta", kernels.backend())
-    return module
+def fake():
+    """A CUDA backend over FakeCudaOps, for meta tensors."""
+    return kernels.CudaBackend(FakeCudaOps(), stream=lambda device: 0xBEEF,
+                               num_sms=lambda device: 132)
 
 
-def last_call(module, name):
-    kind, args = [c for c in module.calls if c[0] == name][-1]
+def last_call(backend, name):
+    kind, args = [c for c in backend.module.calls if c[0] == name][-1]
     return SimpleNamespace(**dict(zip(ATTN_FIELDS, args))) if name == "paged_attention" else args
 
 
 def test_backend_passes_stream_device_and_defaults(fake):
     t = attention_tensors()
-    out = ops.paged_attention(*t.values(), 0.125)
+    out = fake.paged_attention(*t.values(), 0.125)
     assert out.shape == t["query"].shape and out.device == META
     call = last_call(fake, "paged_attention")
     assert call.stream == 0xBEEF and call.device == 0 and call.num_sms == 132
@@ -141,15 +140,15 @@ def test_backend_passes_stream_device_and_defaults(fake):
 def test_backend_uses_the_callers_hints_and_workspace(fake):
     t = attention_tensors()
     ws = torch.empty(1000, dtype=torch.uint8, device=META)
-    ops.paged_attention(*t.values(), 0.1, max_query_len=1, max_seq_len=40, workspace=ws)
+    fake.paged_attention(*t.values(), 0.1, max_query_len=1, max_seq_len=40, workspace=ws)
     call = last_call(fake, "paged_attention")
     assert (call.max_query_len, call.max_seq_len, call.workspace_bytes) == (1, 40, 1000)
-    assert not [c for c in fake.calls if c[0] == "decode_workspace_bytes"]
+    assert not [c for c in fake.module.calls if c[0] == "decode_workspace_bytes"]
 
 
 def test_backend_without_splits_allocates_nothing(fake):
-    fake.workspace_bytes = 0
-    ops.paged_attention(*attention_tensors().values(), 0.1)
+    fake.module.workspace_bytes = 0
+    fake.paged_attention(*attention_tensors().values(), 0.1)
     call = last_call(fake, "paged_attention")
     assert (call.workspace, call.workspace_bytes) == (0, 0)
 
@@ -157,17 +156,22 @@ def test_backend_without_splits_allocates_nothing(fake):
 def test_backend_cache_write(fake):
     key = torch.empty(3, 8, 128, dtype=torch.float16, device=META)
     cache = torch.empty(10, 16, 8, 128, dtype=torch.float16, device=META)
-    ops.reshape_and_cache(key, key, cache, cache, torch.empty(3, dtype=torch.int64, device=META))
+    fake.reshape_and_cache(key, key, cache, cache, torch.empty(3, dtype=torch.int64, device=META))
     args = last_call(fake, "reshape_and_cache")
     # (..., num_tokens, Hkv, D, key_stride, value_stride, num_slots, dtype, device, stream)
     assert args[5:] == (3, 8, 128, 0, 0, 160, FakeCudaOps.DType.float16, 0, 0xBEEF)
 
 
-def test_alloc_decode_workspace_needs_the_extension(monkeypatch):
-    monkeypatch.setattr(ops, "_cuda_ops", None)
-    monkeypatch.delitem(ops._BACKENDS, "cuda", raising=False)
+def test_cuda_without_the_extension_fails_loudly(monkeypatch):
+    """No silent fallback: a CUDA device without ``_cuda_ops`` is a ValueError."""
+    monkeypatch.setattr(dispatch, "load_cuda_ops", lambda: None)
     with pytest.raises(ValueError, match="not built"):
-        ops.alloc_decode_workspace("cuda", 8, 32, 8, 128, 4096)
+        dispatch._backend_for_type.__wrapped__("cuda")
+
+
+def test_only_the_cuda_backend_has_a_workspace():
+    with pytest.raises(ValueError, match="no CUDA kernels"):
+        kernels.alloc_decode_workspace("cpu", 8, 32, 8, 128, 4096)
 
 
 def test_cpu_path_ignores_the_cuda_hints():
@@ -178,7 +182,7 @@ def test_cpu_path_ignores_the_cuda_hints():
     t["query_start_loc"].copy_(torch.tensor([0, 1, 2], dtype=torch.int32))
     for name in ("query", "key_cache", "value_cache"):
         t[name].normal_()
-    plain = ops.paged_attention(*t.values(), 0.25)
-    hinted = ops.paged_attention(*t.values(), 0.25, max_query_len=1, max_seq_len=16,
-                                 workspace=torch.empty(8, dtype=torch.uint8))
+    plain = kernels.paged_attention(*t.values(), 0.25)
+    hinted = kernels.paged_attention(*t.values(), 0.25, max_query_len=1, max_seq_len=16,
+                                     workspace=torch.empty(8, dtype=torch.uint8))
     assert torch.equal(plain, hinted)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from paternoster import ops
+from paternoster import kernels
 
 from .conftest import load_gpu_check
 
@@ -35,13 +35,14 @@ def test_dry_run_writes_the_table(tmp_path):
     assert "roofline step" in proc.stdout
 
 
-@pytest.mark.skipif(not ops.cuda_emulation_available(), reason="paternoster._cuda_emu not built")
+@pytest.mark.skipif(not kernels.cuda_emulation_available(),
+                    reason="paternoster._cuda_emu not built")
 def test_correctness_phase_passes_on_the_emulation(monkeypatch):
     long = dataclasses.replace(gc.CASES[2], ctx_lens=(9000, 700))  # the 40k case, shorter
     monkeypatch.setattr(gc, "CASES", (gc.CASES[0], long, gc.CASES[9]))
     report = gc.Report()
-    with ops.emulate_cuda_kernels():
-        gc.phase_correctness(report, gc.Clock(time.time() + 600), device="cpu")
+    gc.phase_correctness(report, gc.Clock(time.time() + 600), device="cpu",
+                         ops=kernels.emulated_cuda_backend())
     results = report.data["correctness"]
     assert all(r["ok"] for r in results.values()), results
     assert "cuda graph replay" not in results  # not emulated

@@ -1,5 +1,5 @@
-"""Small worlds for model tests: attention ops, a toy block allocator that builds
-step batches the way the C++ BatchBuilder does, and HF reference logits."""
+"""Small worlds for model tests: the attention ops, a toy block allocator that
+builds step batches the way the C++ BatchBuilder does, and HF reference logits."""
 
 from __future__ import annotations
 
@@ -10,21 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from . import ref_ops
-
-
-def attention_ops():
-    """paternoster.ops (the C++ kernels) when built, else the pure-torch reference."""
-    try:
-        from paternoster import ops
-    except ImportError:
-        return ref_ops
-    return ops
+from paternoster import kernels
 
 
 @pytest.fixture(scope="session")
 def attn_ops():
-    return attention_ops()
+    """The kernels the runner uses by default (:mod:`paternoster.kernels`): a
+    missing compiled core fails the import above, it is never replaced."""
+    return kernels
 
 
 @pytest.fixture(autouse=True)

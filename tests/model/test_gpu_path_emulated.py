@@ -1,5 +1,6 @@
 """The GPU model path's data flow with the CUDA attention kernels' own code, on
-the CPU emulation of cuda/emu (``ops.emulate_cuda_kernels``): ModelRunner's
+the CPU emulation of cuda/emu (``kernels.emulated_cuda_backend()``, passed to
+the runner as its attention ops): ModelRunner's
 CUDA execute path in bfloat16 with the kernel hints and a preallocated split-K
 workspace, and decode steps through :class:`DecodeGraphs` (batches padded to
 a captured size, padding rows with slot -1 and ``seq_lens`` 0, the kernels'
@@ -14,14 +15,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from paternoster import ops
+from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model import cuda_graphs
 from paternoster.model.runner import ModelRunner
 
 from .conftest import BatchMaker, Chunk, hf_logits
 
-pytestmark = pytest.mark.skipif(not ops.cuda_emulation_available(),
+pytestmark = pytest.mark.skipif(not kernels.cuda_emulation_available(),
                                 reason="paternoster._cuda_emu not built (needs the CUDA toolkit)")
 
 # Head size 64 (the kernels take 64 or 128), GQA 4:1, 2 layers.
@@ -65,51 +66,52 @@ def hf_and_dir(tmp_path_factory):
 
 def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
     hf, model_dir = hf_and_dir
-    with ops.emulate_cuda_kernels() as emu:
-        runner = ModelRunner(ModelConfig(model=str(model_dir), dtype="bfloat16"),
-                             CacheConfig(block_size=BLOCK, num_kv_blocks=80),
-                             max_num_seqs=8)
-        runner._kernel_hints = True
-        runner.workspace = ops.alloc_decode_workspace(
-            "cpu", 8, CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], 64,
-            runner.max_model_len)
-        assert runner.workspace is not None  # one sequence's long context splits
-        runner.graphs = EagerGraphs(runner.model, runner.kv_caches, torch.device("cpu"),
-                                    max_num_seqs=8, max_model_len=runner.max_model_len,
-                                    block_size=BLOCK, workspace=runner.workspace,
-                                    kernel_hints=True)
-        assert runner.graphs.sizes == [1, 2, 4, 8]
-        for cache in runner.kv_caches:  # slots no sequence owns must stay untouched
-            cache[0].fill_(float("nan"))
-            cache[1].fill_(float("nan"))
+    backend = kernels.emulated_cuda_backend()
+    emu = backend.module
+    runner = ModelRunner(ModelConfig(model=str(model_dir), dtype="bfloat16"),
+                         CacheConfig(block_size=BLOCK, num_kv_blocks=80),
+                         attn_ops=backend, max_num_seqs=8)
+    runner._kernel_hints = True
+    runner.workspace = backend.alloc_decode_workspace(
+        "cpu", 8, CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], 64,
+        runner.max_model_len)
+    assert runner.workspace is not None  # one sequence's long context splits
+    runner.graphs = EagerGraphs(runner.model, runner.kv_caches, torch.device("cpu"),
+                                max_num_seqs=8, max_model_len=runner.max_model_len,
+                                block_size=BLOCK, workspace=runner.workspace,
+                                kernel_hints=True)
+    assert runner.graphs.sizes == [1, 2, 4, 8]
+    for cache in runner.kv_caches:  # slots no sequence owns must stay untouched
+        cache[0].fill_(float("nan"))
+        cache[1].fill_(float("nan"))
 
-        rng = np.random.default_rng(1)
-        seqs = [rng.integers(0, CONFIG["vocab_size"], n).tolist() for n in (300, 7, 40)]
-        maker = BatchMaker(runner.num_kv_blocks, BLOCK, seed=3)
-        logits = {i: [] for i in range(3)}
-        # a prefill step (the CUDA execute path, eager: max_query_len 300) ...
-        batch = maker.batch([Chunk(str(i), s, 0, len(s)) for i, s in enumerate(seqs)],
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(0, CONFIG["vocab_size"], n).tolist() for n in (300, 7, 40)]
+    maker = BatchMaker(runner.num_kv_blocks, BLOCK, seed=3)
+    logits = {i: [] for i in range(3)}
+    # a prefill step (the CUDA execute path, eager: max_query_len 300) ...
+    batch = maker.batch([Chunk(str(i), s, 0, len(s)) for i, s in enumerate(seqs)],
+                        all_logits=False)
+    out = runner._execute_cuda(batch)
+    emu.emu_stats(True)
+    for i in range(3):
+        logits[i].append(out[i])
+    # ... then 5 decode steps of 3 sequences: the graph of size 4, one padding row
+    for _ in range(5):
+        for i, s in enumerate(seqs):
+            s.append(int(logits[i][-1].argmax()))
+        batch = maker.batch([Chunk(str(i), s, len(s) - 1, 1) for i, s in enumerate(seqs)],
                             all_logits=False)
         out = runner._execute_cuda(batch)
-        emu.emu_stats(True)
         for i in range(3):
             logits[i].append(out[i])
-        # ... then 5 decode steps of 3 sequences: the graph of size 4, one padding row
-        for _ in range(5):
-            for i, s in enumerate(seqs):
-                s.append(int(logits[i][-1].argmax()))
-            batch = maker.batch([Chunk(str(i), s, len(s) - 1, 1) for i, s in enumerate(seqs)],
-                                all_logits=False)
-            out = runner._execute_cuda(batch)
-            for i in range(3):
-                logits[i].append(out[i])
-        assert runner.graphs.replays == [4] * 5
-        assert emu.emu_stats()["launches"] > 0
+    assert runner.graphs.replays == [4] * 5
+    assert emu.emu_stats()["launches"] > 0
 
-        owned = {b for table in maker.tables.values() for b in table}
-        free = sorted(set(range(runner.num_kv_blocks)) - owned)
-        for key_cache, value_cache in runner.kv_caches:
-            assert torch.isnan(key_cache[free]).all() and torch.isnan(value_cache[free]).all()
+    owned = {b for table in maker.tables.values() for b in table}
+    free = sorted(set(range(runner.num_kv_blocks)) - owned)
+    for key_cache, value_cache in runner.kv_caches:
+        assert torch.isnan(key_cache[free]).all() and torch.isnan(value_cache[free]).all()
 
     for i, s in enumerate(seqs):
         n = len(s) - 5  # prompt length: logits of positions n-1 .. len-1 were computed

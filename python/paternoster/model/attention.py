@@ -1,10 +1,13 @@
 """Paged attention for one layer: write the step's K/V into the block cache, then
 attend through the block tables (PagedAttention, Kwon et al., SOSP'23).
 
-The kernels live in :mod:`paternoster.ops` (C++ core). The model receives them as
-an *attention ops* object — anything with ``reshape_and_cache`` and
-``paged_attention`` of the signatures below — so tests can substitute a
-pure-torch reference.
+The kernels live in :mod:`paternoster.kernels`. The model receives them as an
+*attention ops* object (anything with ``reshape_and_cache`` and
+``paged_attention`` of the signatures below): the :mod:`paternoster.kernels`
+module itself (dispatch on the tensors' device), one
+:class:`~paternoster.kernels.Backend` (e.g. the CUDA emulation on CPU
+tensors, :func:`paternoster.kernels.emulated_cuda_backend`), or a test's
+reference.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from typing import Protocol
 
 import torch
 
+from paternoster import kernels
+
 
 class AttentionOps(Protocol):
-    """The two paged-attention kernels (see :mod:`paternoster.ops`)."""
+    """The two paged-attention kernels (see :mod:`paternoster.kernels`)."""
 
     def reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
                           key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -31,18 +36,13 @@ class AttentionOps(Protocol):
         """Causal attention of ``query`` [T, Hq, D] over each sequence's cached K/V;
         returns [T, Hq, D]. Called with the keyword arguments ``max_query_len``,
         ``max_seq_len`` and ``workspace`` as well when the metadata carries
-        them (the GPU path; see :func:`paternoster.ops.paged_attention`)."""
+        them (the GPU path; see :func:`paternoster.kernels.paged_attention`)."""
 
 
 def default_attention_ops() -> AttentionOps:
-    """The C++ kernels, :mod:`paternoster.ops`.
-
-    Raises:
-        ImportError: the compiled core is not built/installed.
-    """
-    from paternoster import ops
-
-    return ops
+    """The kernels of the tensors' device: the :mod:`paternoster.kernels`
+    module, whose functions dispatch on ``query.device`` / ``key.device``."""
+    return kernels
 
 
 @dataclass(frozen=True)

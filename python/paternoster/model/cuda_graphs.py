@@ -49,7 +49,7 @@ class DecodeGraphs:
         block_size: tokens per KV block.
         workspace: the decode kernel's split-K workspace (reused by every graph).
         kernel_hints: pass ``max_query_len``/``max_seq_len``/``workspace`` to
-            the attention ops (they are :mod:`paternoster.ops`).
+            the attention ops (they are :mod:`paternoster.kernels`).
     Raises:
         RuntimeError: capture failed (e.g. an op that synchronises).
     """

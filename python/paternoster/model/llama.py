@@ -8,16 +8,18 @@ fused into one matrix, as are gate/up, so each block runs four matmuls;
 :meth:`LlamaForCausalLM.load_weights` maps HF checkpoint names onto the fused
 parameters.
 
-On CPU (float32/bfloat16) the elementwise work between the matmuls runs in the
-C++ core's fused kernels (:mod:`paternoster.ops`): RMSNorm, the residual add
-fused with the next RMSNorm (the residual stream is carried through the layers
-as in vLLM), SiLU-and-mul and in-place RoPE with the table lookup folded in.
-Elsewhere (CUDA) the torch code below runs, unchanged. The kernels keep HF
-Llama's roundings: RMSNorm and the residual adds give the torch code's bits
-(up to the order of a float32 sum), RoPE gives HF's bits (the torch code's
-:func:`apply_rotary` fuses one product into an addcmul, so it can differ by one
-unit in the last place), and SiLU-and-mul rounds once where torch rounds twice
-(see :func:`paternoster.ops.silu_and_mul`).
+Every layer has one forward path. The elementwise work between the matmuls
+runs in :mod:`paternoster.kernels`, which picks the implementation for the
+tensors' device (the C++ core's fused kernels on CPU, the torch reference on
+CUDA): RMSNorm, the residual add fused with the next RMSNorm (the residual
+stream is carried through the layers as in vLLM), SiLU-and-mul and in-place
+RoPE with the table lookup folded in. Both keep HF Llama's roundings: RMSNorm
+and the residual adds give HF's bits (up to the order of a float32 sum), RoPE
+gives HF's bits on CPU (the torch reference fuses one product into an
+addcmul, so it can differ by one unit in the last place), and the CPU
+SiLU-and-mul rounds once where torch rounds twice (see
+:func:`paternoster.kernels.silu_and_mul`). The paged-attention kernels are an
+object passed in (:class:`~paternoster.model.attention.AttentionOps`).
 """
 
 from __future__ import annotations
@@ -28,75 +30,42 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paternoster import kernels
 from paternoster.model.attention import AttentionMetadata, AttentionOps, paged_attention_layer
-from paternoster.model.rope import RotaryEmbedding, apply_rotary, rope_parameters
-
-try:  # the fused CPU kernels of the C++ core
-    from paternoster import ops as _kernels
-except ImportError:  # pragma: no cover - core not built: the torch code runs everywhere
-    _kernels = None
+from paternoster.model.rope import RotaryEmbedding, rope_parameters
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | None = None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def _use_kernels(x: torch.Tensor) -> bool:
-    """Whether ``x``'s elementwise ops run in the fused CPU kernels."""
-    return _kernels is not None and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES
-
-
-def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in torch ops, as HF Llama: float32 statistics, the normalised rows
-    cast to ``x``'s dtype, then multiplied by ``weight`` in that dtype.
-    x: [T, H] -> new [T, H]."""
-    x32 = x.float()  # a copy unless x is float32
-    inv_rms = torch.rsqrt(x32.square().mean(-1, keepdim=True).add_(eps))
-    y = x32.mul_(inv_rms) if x.dtype != torch.float32 else x32 * inv_rms
-    return y.to(x.dtype).mul_(weight)
-
-
-def silu_and_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` in torch ops for ``gate_up`` [T, 2 I] (gate columns
-    first) -> new [T, I]; the SiLU output is rounded to the dtype before the
-    product."""
-    inter = gate_up.shape[-1] // 2
-    return F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
-
-
 class Rope:
-    """RoPE for one step's tokens, shared by all layers: rotates q and k.
-
-    With the CPU kernels it rotates in place through the cached cos/sin table
-    (:func:`paternoster.ops.rotary_embedding`); otherwise the step's cos/sin rows
-    are looked up once here and :func:`apply_rotary` makes new tensors.
+    """RoPE for one step's tokens, shared by all layers: rotates q and k in
+    place through the model's cos/sin table
+    (:func:`paternoster.kernels.rotary_embedding`).
 
     Args:
         rotary: the model's table.
         positions: int64[T], each token's position.
-        use_kernels: rotate in place with the CPU kernels (the tensors must be
-            on the CPU, float32 or bfloat16).
     """
 
-    def __init__(self, rotary: RotaryEmbedding, positions: torch.Tensor,
-                 use_kernels: bool) -> None:
+    def __init__(self, rotary: RotaryEmbedding, positions: torch.Tensor) -> None:
         self.rotary = rotary
         self.positions = positions
-        self.in_place = use_kernels
-        if not use_kernels:
-            self.cos, self.sin = rotary.lookup(positions)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q [T, Hq, D], k [T, Hkv, D] (views into the qkv projection are fine) ->
-        rotated (q, k): the same tensors in place, or new contiguous ones."""
-        if self.in_place:
-            _kernels.rotary_embedding(self.positions, q, k, self.rotary.cos_sin_cache,
-                                      self.rotary.head_dim)
-            return q, k
-        return apply_rotary(q, self.cos, self.sin), apply_rotary(k, self.cos, self.sin)
+        """q [T, Hq, D], k [T, Hkv, D] (views into the qkv projection are fine)
+        -> the same tensors, rotated in place.
+
+        Raises:
+            ValueError: (CPU) a position outside the table.
+            IndexError: (elsewhere) a position outside the table.
+        """
+        kernels.rotary_embedding(self.positions, q, k, self.rotary.cos_sin_cache,
+                                 self.rotary.head_dim)
+        return q, k
 
 
 class RMSNorm(nn.Module):
@@ -113,15 +82,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] -> new [T, H], same dtype."""
-        if _use_kernels(x):
-            return _kernels.rms_norm(x, self.weight, self.eps)
-        return rms_norm_torch(x, self.weight, self.eps)
+        """x: [T, H] -> new [T, H], same dtype (:func:`paternoster.kernels.rms_norm`)."""
+        return kernels.rms_norm(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """CPU kernels only: ``residual += x`` and ``x = norm(residual)``, both in
-        place in one pass (:func:`paternoster.ops.fused_add_rms_norm`); returns x."""
-        _kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+        """``residual += x`` and ``x = norm(residual)``, both in place
+        (:func:`paternoster.kernels.fused_add_rms_norm`); returns x."""
+        kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
         return x
 
 
@@ -179,11 +146,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
         gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
-        if _use_kernels(gate_up):
-            act = _kernels.silu_and_mul(gate_up)
-        else:
-            act = silu_and_mul_torch(gate_up)
-        return F.linear(act, self.down_weight, self.down_bias)
+        return F.linear(kernels.silu_and_mul(gate_up), self.down_weight, self.down_bias)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -197,28 +160,22 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(config, dtype)
 
-    def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache,
-                attn: AttentionMetadata) -> torch.Tensor:
-        """x: [T, H] -> [T, H] (new tensor; ``x`` is not modified)."""
-        h = self.self_attn(rope, self.input_layernorm(x), kv_cache, attn).add_(x)
-        return self.mlp(self.post_attention_layernorm(h)).add_(h)
-
-    def forward_fused(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None,
-                      kv_cache: KVCache,
-                      attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same block on the fused CPU kernels, with the residual stream
-        carried separately (as vLLM does): the add closing each sub-block runs
-        in one pass with the norm opening the next.
+    def forward(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None,
+                kv_cache: KVCache, attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block with the residual stream carried separately (as vLLM
+        does): the add closing each sub-block runs in one pass with the norm
+        opening the next (:meth:`RMSNorm.add_forward`).
 
         Args:
             x: [T, H], the previous block's MLP output, not yet added to
                 ``residual`` (overwritten); the embeddings when ``residual`` is None.
             residual: [T, H], the stream before ``x`` is added (updated in
                 place), or None for the first layer.
+            kv_cache: this layer's (key_cache, value_cache); this step's K/V
+                are written into it.
         Returns:
-            (mlp output [T, H], residual): ``mlp_out + residual`` is what
-            :meth:`forward` returns (the adds round alike; the kernels' SiLU
-            and RoPE roundings are those of :mod:`paternoster.ops`).
+            (mlp output [T, H], residual): ``mlp_out + residual`` is the
+            block's output ``h + mlp(norm(h))`` with ``h = x + attn(norm(x))``.
         """
         if residual is None:
             residual, h = x, self.input_layernorm(x)
@@ -282,15 +239,12 @@ class LlamaForCausalLM(nn.Module):
             [T, H] final hidden states (after the last RMSNorm), model dtype.
         """
         x = F.embedding(input_ids, self.embed_tokens)
-        fused = _use_kernels(x) and len(self.layers) > 0
-        rope = Rope(self.rotary, positions, fused)
-        if not fused:
-            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-                x = layer(rope, x, kv_cache, attn)
-            return self.norm(x)
+        rope = Rope(self.rotary, positions)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer.forward_fused(rope, x, residual, kv_cache, attn)
+            x, residual = layer(rope, x, residual, kv_cache, attn)
+        if residual is None:  # no layers
+            return self.norm(x)
         return self.norm.add_forward(x, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -91,7 +91,7 @@ class RotaryEmbedding(nn.Module):
     The table is computed in float32 (angle = position * inv_freq, as HF does)
     and then cast to ``dtype``. It is kept once, as ``cos_sin_cache``
     [max_positions, D] (the cos of a position's D/2 angles, then their sin: the
-    layout of :func:`paternoster.ops.rotary_embedding`); ``cos`` and ``sin``
+    layout of :func:`paternoster.kernels.rotary_embedding`); ``cos`` and ``sin``
     [max_positions, D/2] are views of its halves.
     """
 
@@ -108,44 +108,3 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", cache, persistent=False)
         self.register_buffer("cos", cache[:, : head_dim // 2], persistent=False)
         self.register_buffer("sin", cache[:, head_dim // 2 :], persistent=False)
-
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of ``positions`` int64[T]: each [T, 1, D/2] in the table dtype.
-        Done once per forward and shared by all layers."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [T, H, D] (any strides, e.g. a view into the fused qkv output)
-    by the angles whose ``cos``/``sin`` are [T, 1, D/2].
-
-    Returns a new contiguous [T, H, D]: first half ``x1 cos - x2 sin``, second half
-    ``x2 cos + x1 sin`` (four fused ops instead of HF's rotate-half-and-concatenate).
-    """
-    x1, x2 = x.chunk(2, dim=-1)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    o1, o2 = out.chunk(2, dim=-1)
-    torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-1)
-    torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
-    return out
-
-
-def rotary_embedding_torch(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                           cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
-    """The torch code behind :func:`paternoster.ops.rotary_embedding` off the CPU:
-    rotates ``query`` [T, Hq, D] / [T, Hq * D] and ``key`` in place by the
-    angles of ``cos_sin_cache[positions]`` ([max_positions, D], cos then sin),
-    through :func:`apply_rotary` (``is_neox``, rotate-half pairs) or the same
-    arithmetic on the interleaved (GPT-J) pairs."""
-    d = cos_sin_cache.shape[-1]
-    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2] each
-    for x in (query, key):
-        heads = x.view(x.shape[0], -1, d)
-        if is_neox:
-            heads.copy_(apply_rotary(heads, cos, sin))
-            continue
-        x1, x2 = heads[..., 0::2], heads[..., 1::2]
-        o1 = torch.mul(x1, cos).addcmul_(x2, sin, value=-1)
-        o2 = torch.mul(x2, cos).addcmul_(x1, sin)
-        x1.copy_(o1)
-        x2.copy_(o2)

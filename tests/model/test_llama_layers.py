@@ -1,15 +1,17 @@
-"""The model's two elementwise paths: the fused CPU kernels (RMSNorm, residual add
-+ RMSNorm, SiLU-and-mul, RoPE of paternoster.ops, the CPU default) and the torch
-code (the CUDA path, forced here on the CPU). Both match HF transformers' own
-forward; they agree with each other layer by layer."""
+"""The Llama decoder's one forward path: the whole model matches HF
+transformers' forward over prefill chunks and decodes, one decoder layer's
+carried residual stream adds up to the textbook pre-norm block (written here
+with the torch reference ops), and a position past the RoPE table is refused."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import paternoster.model.llama as llama
 from paternoster.config import CacheConfig, ModelConfig
+from paternoster.kernels.native import rms_norm_torch, silu_and_mul_torch
 from paternoster.model.runner import ModelRunner
 
 from .conftest import BatchMaker, Chunk, hf_logits
@@ -19,8 +21,6 @@ SMALL = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
 )  # fmt: skip
-
-pytestmark = pytest.mark.skipif(llama._kernels is None, reason="needs the C++ core")
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +39,12 @@ def tiny_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(params=["fused", "torch"])
-def path(request, monkeypatch):
-    if request.param == "torch":
-        monkeypatch.setattr(llama, "_kernels", None)
-    return request.param
-
-
 def _runner(model_dir, attn_ops, dtype="float32"):
     return ModelRunner(ModelConfig(model=str(model_dir), dtype=dtype),
                        CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=128), attn_ops=attn_ops)
 
 
-def test_both_paths_match_hf_over_prefill_chunks_and_decodes(tiny_dir, attn_ops, path):
+def test_model_matches_hf_over_prefill_chunks_and_decodes(tiny_dir, attn_ops):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
@@ -70,9 +63,11 @@ def test_both_paths_match_hf_over_prefill_chunks_and_decodes(tiny_dir, attn_ops,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_decoder_layer_carries_the_same_residual_stream(tiny_dir, attn_ops, dtype):
-    """forward_fused returns (mlp_out, residual) whose sum is forward's output (up
-    to SiLU-and-mul's single rounding and HF-exact RoPE)."""
+def test_decoder_layer_carries_the_residual_stream_of_the_pre_norm_block(tiny_dir, attn_ops,
+                                                                         dtype):
+    """The layer returns (mlp_out, residual) whose sum is
+    ``h + mlp(norm(h))`` with ``h = x + attn(norm(x))``, up to SiLU-and-mul's
+    single rounding; the stream is carried in the caller's tensor."""
     runner = _runner(tiny_dir, attn_ops, str(dtype).removeprefix("torch."))
     model = runner.model
     t = 9
@@ -86,11 +81,18 @@ def test_fused_decoder_layer_carries_the_same_residual_stream(tiny_dir, attn_ops
         seq_lens=torch.from_numpy(batch["seq_lens"]),
         query_start_loc=torch.from_numpy(batch["query_start_loc"]))
     layer, kv = model.layers[1], runner.kv_caches[1]
-    want = layer(llama.Rope(model.rotary, positions, False), x, kv, attn)
+    rope = llama.Rope(model.rotary, positions)
+    eps = layer.input_layernorm.eps
+    h = layer.self_attn(rope, rms_norm_torch(x, layer.input_layernorm.weight, eps), kv,
+                        attn) + x
+    mlp = layer.mlp
+    gate_up = F.linear(rms_norm_torch(h, layer.post_attention_layernorm.weight, eps),
+                       mlp.gate_up_weight)
+    want = F.linear(silu_and_mul_torch(gate_up), mlp.down_weight) + h
+
     residual_in = x.clone()
-    out, residual = layer.forward_fused(llama.Rope(model.rotary, positions, True), residual_in,
-                                        None, kv, attn)
-    assert residual is residual_in  # the stream is carried in place
+    out, residual = layer(rope, residual_in, None, kv, attn)
+    assert residual is residual_in
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out + residual, want, atol=tol, rtol=tol)
 

@@ -1,0 +1,136 @@
+"""The C++ core's kernels (``paternoster._core``) as the CPU backend: paged
+attention with the online softmax of FlashAttention (Dao et al. 2022), so
+memory does not grow with the context, and the fused elementwise ops of the
+decoder block (RMSNorm, residual add + RMSNorm, SiLU-and-mul, RoPE) in one
+pass over the rows, float32 arithmetic, float32 or bfloat16 tensors.
+
+The kernels take raw pointers; every call is checked here first
+(:mod:`paternoster.kernels.checks`). The core checks index contents itself
+(block ids, lengths, slots), so this backend leaves ``check_indices`` off.
+Work is spread over :func:`set_num_threads` threads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paternoster import _core
+from paternoster.kernels.backend import Backend
+from paternoster.kernels.checks import (
+    AttentionSizes,
+    CacheWriteSizes,
+    check_heads,
+    check_rows,
+    check_tensor,
+    check_weight,
+    kernel_dtype,
+)
+
+CPU_DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloat16}
+
+set_num_threads = _core.set_num_threads
+get_num_threads = _core.get_num_threads
+
+
+class CpuBackend(Backend):
+    """The C++ core's kernels for CPU tensors (float32, bfloat16). The CUDA
+    keyword arguments of :meth:`paged_attention` (``max_query_len``,
+    ``max_seq_len``, ``workspace``) are accepted and ignored."""
+
+    dtypes = CPU_DTYPES
+
+    def _reshape_and_cache(self, key: torch.Tensor, value: torch.Tensor,
+                           key_cache: torch.Tensor, value_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor, sizes: CacheWriteSizes) -> None:
+        _core._reshape_and_cache_ptr(key.data_ptr(), value.data_ptr(), key_cache.data_ptr(),
+                                     value_cache.data_ptr(), slot_mapping.data_ptr(), *sizes,
+                                     CPU_DTYPES[key.dtype])
+
+    def _paged_attention(self, out: torch.Tensor, query: torch.Tensor,
+                         key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                         query_start_loc: torch.Tensor, sizes: AttentionSizes, scale: float,
+                         max_query_len: int | None, max_seq_len: int | None,
+                         workspace: torch.Tensor | None) -> None:
+        _core._paged_attention_ptr(out.data_ptr(), query.data_ptr(), key_cache.data_ptr(),
+                                   value_cache.data_ptr(), block_tables.data_ptr(),
+                                   seq_lens.data_ptr(), query_start_loc.data_ptr(), *sizes,
+                                   scale, CPU_DTYPES[query.dtype])
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """The core's RMSNorm (see :func:`paternoster.kernels.rms_norm`).
+
+        Raises:
+            ValueError: naming a bad argument, or a negative ``eps``.
+        """
+        t, h = check_rows(x, "x", CPU_DTYPES)
+        check_weight(weight, x, h)
+        if out is None:
+            out = torch.empty_like(x)
+        elif check_tensor(out, "out", 2, x.dtype, x.device) != x.shape:
+            raise ValueError(f"out shape {tuple(out.shape)} != x shape {tuple(x.shape)}")
+        _core._rms_norm_ptr(out.data_ptr(), x.data_ptr(), weight.data_ptr(), t, h, float(eps),
+                            CPU_DTYPES[x.dtype])
+        return out
+
+    def fused_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
+                           weight: torch.Tensor, eps: float) -> None:
+        """The core's residual add + RMSNorm (see
+        :func:`paternoster.kernels.fused_add_rms_norm`).
+
+        Raises:
+            ValueError: naming a bad argument, ``residual`` aliasing ``x``, or
+                a negative ``eps``.
+        """
+        t, h = check_rows(x, "x", CPU_DTYPES)
+        if check_tensor(residual, "residual", 2, x.dtype, x.device) != x.shape:
+            raise ValueError(f"residual shape {tuple(residual.shape)} != x shape "
+                             f"{tuple(x.shape)}")
+        check_weight(weight, x, h)
+        _core._fused_add_rms_norm_ptr(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), t,
+                                      h, float(eps), CPU_DTYPES[x.dtype])
+
+    def silu_and_mul(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The core's SiLU-and-mul (see :func:`paternoster.kernels.silu_and_mul`).
+
+        Raises:
+            ValueError: naming a bad argument (odd width, ``out`` overlapping ``x``).
+        """
+        t, w = check_rows(x, "x", CPU_DTYPES)
+        if w % 2:
+            raise ValueError(f"x must have an even number of columns (gate, up), got {w}")
+        inter = w // 2
+        if out is None:
+            out = torch.empty((t, inter), dtype=x.dtype, device=x.device)
+        elif tuple(check_tensor(out, "out", 2, x.dtype, x.device)) != (t, inter):
+            raise ValueError(f"out must have shape {(t, inter)}, got {tuple(out.shape)}")
+        _core._silu_and_mul_ptr(out.data_ptr(), x.data_ptr(), t, inter, CPU_DTYPES[x.dtype])
+        return out
+
+    def rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor,
+                         key: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int,
+                         is_neox: bool = True) -> None:
+        """The core's RoPE with the table lookup fused in (see
+        :func:`paternoster.kernels.rotary_embedding`).
+
+        Raises:
+            ValueError: naming a bad argument, or a position outside the table
+                (then nothing is written).
+        """
+        if head_size <= 0 or head_size % 2:
+            raise ValueError(f"head_size must be even and > 0, got {head_size}")
+        t, hq, q_stride = check_heads(query, "query", head_size, None, None)
+        dtype = kernel_dtype(CPU_DTYPES, query, "query")
+        t_k, hkv, k_stride = check_heads(key, "key", head_size, query.dtype, query.device)
+        if t_k != t:
+            raise ValueError(f"key has {t_k} tokens, query has {t}")
+        if check_tensor(positions, "positions", 1, torch.int64, query.device)[0] != t:
+            raise ValueError(f"positions has {positions.shape[0]} entries, query has {t} "
+                             "tokens")
+        max_pos, d = check_tensor(cos_sin_cache, "cos_sin_cache", 2, query.dtype, query.device)
+        if d != head_size:
+            raise ValueError(f"cos_sin_cache has {d} columns, expected head_size={head_size}")
+        _core._rotary_embedding_ptr(positions.data_ptr(), query.data_ptr(), key.data_ptr(),
+                                    cos_sin_cache.data_ptr(), t, hq, hkv, head_size, q_stride,
+                                    k_stride, max_pos, bool(is_neox), dtype)
