@@ -50,6 +50,23 @@ def test_plugin_is_discovered_and_runs_its_policy(with_plugin):
     assert order == ["r1", "r2", "r0"]
 
 
+def test_plugin_written_for_v1_survives_preemption_under_v2(with_plugin):
+    """The toy overrides only ``enqueue_waiting`` (a version 1 hook that inserts
+    into the deque); preempted requests still go back through the base class
+    and every request finishes with all its tokens and its blocks freed."""
+    s = create_scheduler(NAME, num_blocks=12, max_num_batched_tokens=32, max_model_len=32)
+    reqs = create_requests(4, prompt_len=8, max_tokens=12)
+    for r in reqs:
+        s.add_request(r)
+    preempted = 0
+    while s.has_unfinished_requests():
+        plan, _ = run_step(s)
+        preempted += len(plan.preempted)
+    assert preempted > 0
+    assert all(r.num_output_tokens == 12 for r in reqs)
+    assert s.kv_cache_manager.num_free_blocks() == 12
+
+
 def test_serve_uses_the_plugin(with_plugin, default_model_path):
     args = [str(default_model_path), "--scheduler", NAME, "--num-kv-blocks", "128"]
     with start_server(*args, "--max-model-len", "1024") as server:
