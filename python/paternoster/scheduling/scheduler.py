@@ -372,11 +372,11 @@ class Scheduler:
         """Give running requests their tokens in :meth:`order_running` order,
         preempting :meth:`select_victim`'s choices while blocks run out;
         returns the budget left."""
-        running = RequestStatus.RUNNING
+        running_status = RequestStatus.RUNNING
         for request in self.order_running(list(self.running)):
             if budget <= 0:
                 break
-            if request.status != running:
+            if request.status != running_status:
                 continue  # preempted earlier in this loop
             num_new = self.num_tokens_to_schedule(request, budget)
             if num_new <= 0:
