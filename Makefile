@@ -55,8 +55,10 @@ test-cpp:
 	cmake --build $(CTEST_BUILD) -j2
 	ctest --test-dir $(CTEST_BUILD) --output-on-failure
 
+# lint-imports: the layer contract of pyproject.toml ([tool.importlinter]).
 lint: install
 	$(BIN)/ruff check python schedulers tests bench cuda/emu
+	$(BIN)/lint-imports
 
 test-py: install
 	$(BIN)/python -m pytest -q tests
