@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from paternoster.request import RequestStatus
 from paternoster.scheduling.registry import load_scheduler_class
 from paternoster.scheduling.request_queue import PriorityRequestQueue
@@ -162,3 +165,25 @@ def test_waiting_heap_computes_each_key_once_per_enqueue():
     while s.has_unfinished_requests():
         run_step(s)
     assert sorted(keys) == ["p0", "p1", "p2", "p3"] and s.num_steps >= 12
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    arrivals=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 4)), min_size=1, max_size=12),
+    aging_steps=st.integers(0, 4),
+)
+def test_heap_order_is_always_the_order_of_current_rank_then_arrival(arrivals, aging_steps):
+    """The fixed heap key keeps waiting requests in the order of their rank at
+    every step (priority * aging_steps - steps waited), ties by arrival."""
+    s = create_scheduler("priority", max_num_seqs=2, num_blocks=20, aging_steps=aging_steps)
+    pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
+    while pending or s.has_unfinished_requests():
+        while pending and pending[0][1][0] <= s.num_steps:
+            i, (_, prio) = pending.pop(0)
+            (r,) = create_requests(1, prompt_len=6, max_tokens=3)
+            r.arrival_time = float(i)
+            s.add_request(_with_priority(r, prio, f"q{i}"))
+        waiting = list(s.waiting)
+        assert waiting == sorted(waiting, key=lambda r: (s.rank(r), r.arrival_time))
+        run_step(s)
+        assert s.num_steps < 500
