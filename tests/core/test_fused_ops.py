@@ -181,7 +181,7 @@ def test_rotary_embedding_is_bitwise_hf(dtype):
     assert torch.equal(k, hf_k[0].transpose(0, 1))
 
 
-def test_rotary_embedding_accepts_flat_heads_and_matches_torch_fallback():
+def test_rotary_embedding_accepts_flat_heads_and_matches_the_torch_reference():
     t, hq, hkv, d = 5, 4, 2, 16
     table = _rope_table(d, torch.float32)
     q, k = _randn(t, hq * d, dtype=torch.float32, seed=4), _randn(t, hkv * d, dtype=torch.float32)

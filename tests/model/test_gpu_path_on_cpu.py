@@ -1,6 +1,6 @@
 """The GPU model path's device-independent parts, run on the CPU: the eager
 CUDA execute path (host-side kernel hints, logits rows) against the CPU path,
-the CUDA-graph batch padding helpers, dummy weights, dtype rules and the new
+the CUDA-graph batch padding helpers, dummy weights, dtype rules and the GPU
 config fields and flags."""
 
 from __future__ import annotations

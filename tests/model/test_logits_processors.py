@@ -128,7 +128,7 @@ def test_min_tokens_above_max_tokens_is_refused():
         SamplingParams(max_tokens=3, min_tokens=4)
 
 
-def test_new_fields_round_trip_through_the_wire_dict():
+def test_sampling_fields_round_trip_through_the_wire_dict():
     p = SamplingParams(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.1,
                        min_tokens=2, logit_bias={5: 1.5, 70: -100.0}, logprobs=3,
                        prompt_logprobs=0, include_stop_str_in_output=True,
