@@ -1,9 +1,12 @@
 """CPU work around the model per step: schedule + batch build + update, no forward pass.
 
 DESIGN.md's step budget: <= 360 us per step with 256 running decodes at block
-size 16 on this 2-core CPU. This drives the real Scheduler (FCFS), the C++
-KVCacheManager and BatchBuilder with a fake model that samples a fixed token,
-and reports microseconds per decode step. Usage::
+size 16 on this 2-core CPU. This runs the real ``EngineCore`` (scheduler, C++
+KVCacheManager and BatchBuilder, update, output assembly) with the
+simulator's cost-model runner in place of the model, and reports microseconds
+per decode step: the whole ``EngineCore.step()`` minus the time inside the
+runner (which here only evaluates the cost model and returns a fixed token).
+Usage::
 
     .venv/bin/python bench/step_overhead.py [--num-seqs 256] [--prompt-len 512]
 """
@@ -14,13 +17,12 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
-from paternoster import _core
-from paternoster.config import SchedulerConfig
-from paternoster.request import Request
+from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from paternoster.engine.core import EngineCore
+from paternoster.engine.messages import EngineCoreRequest
 from paternoster.sampling_params import SamplingParams
-from paternoster.scheduling.registry import load_scheduler_class
+from paternoster.simulate.cost_model import CostModel
+from paternoster.simulate.runner import CostModelRunner, SimClock
 
 
 def main() -> None:
@@ -35,31 +37,33 @@ def main() -> None:
     n, bs = args.num_seqs, args.block_size
     max_len = args.prompt_len + args.steps + 16
     num_blocks = n * (max_len // bs + 2)
-    kv = _core.KVCacheManager(num_blocks, bs)
-    builder = _core.BatchBuilder(kv)
-    config = SchedulerConfig(
-        scheduler=args.scheduler, max_num_seqs=n, max_num_batched_tokens=n * args.prompt_len
-    )
-    sched = load_scheduler_class(args.scheduler)(config, kv, builder, max_len)
+    runner = CostModelRunner(CostModel.unit(), SimClock(), num_kv_blocks=num_blocks,
+                             block_size=bs, max_model_len=max_len)  # fmt: skip
+    config = EngineConfig(
+        model=ModelConfig(model="cost-model", max_model_len=max_len),
+        # Every prompt is the same: without caching each request computes its own.
+        cache=CacheConfig(block_size=bs, num_kv_blocks=num_blocks, enable_prefix_caching=False),
+        scheduler=SchedulerConfig(scheduler=args.scheduler, max_num_seqs=n,
+                                  max_num_batched_tokens=n * args.prompt_len),
+    )  # fmt: skip
+    engine = EngineCore(config, runner, clock=time.perf_counter)
     params = SamplingParams(temperature=0.0, max_tokens=args.steps + 8, ignore_eos=True)
     for i in range(n):
         prompt = list(range(3, 3 + args.prompt_len))
-        sched.add_request(Request(f"r{i}", prompt, params, max_tokens=args.steps + 8))
+        engine.add_request(EngineCoreRequest(request_id=f"r{i}", prompt_token_ids=prompt,
+                                             sampling_params=params))  # fmt: skip
 
     def step() -> float:
+        """Seconds of one step outside the runner."""
         t = time.perf_counter()
-        plan = sched.schedule()
-        ids, computed, scheduled = plan.batch_arrays()
-        batch = builder.build(ids, computed, scheduled)
-        num_tokens = np.fromiter((r.num_tokens for r in plan.scheduled), np.int64, len(ids))
-        rows = np.nonzero(computed.astype(np.int64) + scheduled == num_tokens)[0]
-        batch["logits_indices"] = batch["logits_indices"][rows]
-        sched.update_from_output(plan, dict.fromkeys(rows.tolist(), 7))
-        return time.perf_counter() - t
+        engine.step()
+        wall = time.perf_counter() - t
+        record = engine.step_log[-1]
+        return wall - (record.duration - record.overhead)
 
     step()  # the prefill step
     times = [step() for _ in range(args.steps)]
-    assert sched.num_running == n
+    assert engine.scheduler.num_running == n
     us = [t * 1e6 for t in times]
     print(
         f"{n} running decodes, block size {bs}, scheduler {args.scheduler}: "

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from paternoster.engine.core import EngineCore
-from paternoster.engine.messages import EngineCoreRequest
 from paternoster.request import RequestStatus
 from paternoster.sampling_params import SamplingParams
 from tests.metrics.timeline_utils import make_engine, write_tiny_model
+
+from .conftest import make_request
 
 SCHEDULERS = ["fcfs", "chunked_prefill", "priority", "static"]
 MAX_STEPS = 500
@@ -67,8 +68,8 @@ def _assert_aborted(outs, rid: str, prompt_len: int) -> None:
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_abort_waiting_request(model_dir, scheduler):
     engine = make_engine(model_dir, scheduler=scheduler, max_num_seqs=1)
-    engine.add_request(EngineCoreRequest("first", _prompt(0, 6), _params()))
-    engine.add_request(EngineCoreRequest("queued", _prompt(1, 6), _params()))
+    engine.add_request(make_request("first", _prompt(0, 6), _params()))
+    engine.add_request(make_request("queued", _prompt(1, 6), _params()))
     outputs: dict[str, list[int]] = {}
     _step_until(engine, lambda: "first" in outputs, outputs)
     assert _status(engine, "queued") == RequestStatus.WAITING
@@ -82,7 +83,7 @@ def test_abort_in_the_middle_of_a_chunked_prefill(model_dir):
     # A 40-token prompt in chunks of 8 tokens; it asked for prompt logprobs, which
     # the engine keeps per request until the first token: dropped on abort.
     engine = make_engine(model_dir, scheduler="chunked_prefill", max_num_batched_tokens=8)
-    engine.add_request(EngineCoreRequest("long", _prompt(0, 40), _params(prompt_logprobs=1)))
+    engine.add_request(make_request("long", _prompt(0, 40), _params(prompt_logprobs=1)))
     engine.step()
     engine.step()
     request = engine.scheduler.requests["long"]
@@ -96,7 +97,7 @@ def test_abort_in_the_middle_of_a_chunked_prefill(model_dir):
 def test_abort_running_request_mid_decode(model_dir, scheduler):
     engine = make_engine(model_dir, scheduler=scheduler)
     for i in range(3):
-        engine.add_request(EngineCoreRequest(f"r{i}", _prompt(i, 5 + i), _params(12)))
+        engine.add_request(make_request(f"r{i}", _prompt(i, 5 + i), _params(12)))
     outputs: dict[str, list[int]] = {}
     _step_until(engine, lambda: all(len(outputs.get(f"r{i}", [])) >= 3 for i in range(3)),
                 outputs)  # fmt: skip
@@ -114,7 +115,7 @@ def test_abort_preempted_request(model_dir, scheduler):
     # 12 blocks of 4 tokens: four requests of 8 + 20 tokens cannot all stay.
     engine = make_engine(model_dir, scheduler=scheduler, num_kv_blocks=12)
     for i in range(4):
-        engine.add_request(EngineCoreRequest(f"p{i}", _prompt(i, 8), _params(20)))
+        engine.add_request(make_request(f"p{i}", _prompt(i, 8), _params(20)))
 
     def preempted() -> list[str]:
         return [rid for rid, r in engine.scheduler.requests.items()
@@ -134,8 +135,8 @@ def test_abort_preempted_request(model_dir, scheduler):
 
 def test_abort_finished_unknown_and_repeated_ids_is_a_no_op(model_dir):
     engine = make_engine(model_dir)
-    engine.add_request(EngineCoreRequest("done", _prompt(0, 5), _params(3)))
-    engine.add_request(EngineCoreRequest("live", _prompt(1, 5), _params(30)))
+    engine.add_request(make_request("done", _prompt(0, 5), _params(3)))
+    engine.add_request(make_request("live", _prompt(1, 5), _params(30)))
     outputs: dict[str, list[int]] = {}
     _step_until(engine, lambda: len(outputs.get("done", [])) == 3, outputs)
     assert _status(engine, "done") is None and _status(engine, "live") == RequestStatus.RUNNING
@@ -146,7 +147,7 @@ def test_abort_finished_unknown_and_repeated_ids_is_a_no_op(model_dir):
     assert engine.abort_requests(["live"]) == []
     _assert_nothing_left(engine)
     # The engine goes on serving, and an aborted id may be used again.
-    engine.add_request(EngineCoreRequest("live", _prompt(2, 5), _params(4)))
+    engine.add_request(make_request("live", _prompt(2, 5), _params(4)))
     outputs.clear()
     _step_until(engine, lambda: not engine.has_unfinished_requests(), outputs)
     assert len(outputs["live"]) == 4
@@ -161,7 +162,7 @@ def test_abort_everything_at_once_with_prefix_caching(model_dir):
     shared = _prompt(7, 12)
     ids = [f"s{i}" for i in range(6)]
     for i, rid in enumerate(ids):
-        engine.add_request(EngineCoreRequest(rid, shared + _prompt(i, 3), _params(25)))
+        engine.add_request(make_request(rid, shared + _prompt(i, 3), _params(25)))
     outputs: dict[str, list[int]] = {}
 
     def statuses() -> set:

@@ -7,8 +7,9 @@ import torch
 
 from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from paternoster.engine.core import EngineCore
-from paternoster.engine.messages import EngineCoreRequest
 from paternoster.sampling_params import SamplingParams
+
+from .conftest import make_request
 
 PROMPT_LENGTHS = [1, 4, 17, 40, 77, 128, 213, 310]
 MAX_NEW_TOKENS = 20
@@ -102,7 +103,7 @@ def run_overlapping(engine: EngineCore, prompts: list[list[int]]) -> dict[str, l
         for _ in range(2):
             if pending:
                 i, p = pending.pop(0)
-                engine.add_request(EngineCoreRequest(f"p{i}", p, params))
+                engine.add_request(make_request(f"p{i}", p, params))
         for out in engine.step():
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finished:
@@ -139,13 +140,13 @@ def test_continuous_batching_short_requests_join_and_leave(default_model_path, p
     engine = make_engine(default_model_path, num_kv_blocks=256, block_size=16)
     long_params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     short_params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    engine.add_request(EngineCoreRequest("long", prompts[3], long_params))
+    engine.add_request(make_request("long", prompts[3], long_params))
     finished_at: dict[str, int] = {}
     step = 0
     while engine.has_unfinished_requests():
         if step == 5:
             for i in range(3):
-                engine.add_request(EngineCoreRequest(f"short{i}", prompts[i + 1], short_params))
+                engine.add_request(make_request(f"short{i}", prompts[i + 1], short_params))
         for out in engine.step():
             if out.finished:
                 finished_at[out.request_id] = step
@@ -164,7 +165,7 @@ def test_abort_and_rejections_free_every_block(default_model_path, prompts):
     engine = make_engine(default_model_path, num_kv_blocks=64, block_size=16)
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     for i, p in enumerate(prompts[:5]):
-        engine.add_request(EngineCoreRequest(f"a{i}", p, params))
+        engine.add_request(make_request(f"a{i}", p, params))
     for _ in range(3):
         engine.step()
     outs = engine.abort_requests(["a0", "a3", "nope"])
@@ -175,12 +176,12 @@ def test_abort_and_rejections_free_every_block(default_model_path, prompts):
     stats = engine.stats()
     assert stats["num_free_blocks"] == stats["num_kv_blocks"]
     with pytest.raises(ValueError, match="max_model_len"):
-        engine.add_request(EngineCoreRequest("big", [5] * 600, params))
+        engine.add_request(make_request("big", [5] * 600, params))
     with pytest.raises(ValueError, match="max_tokens"):
         too_many = SamplingParams(max_tokens=500)
-        engine.add_request(EngineCoreRequest("big2", [5] * 100, too_many))
+        engine.add_request(make_request("big2", [5] * 100, too_many))
     with pytest.raises(ValueError, match="at least one token"):
-        engine.add_request(EngineCoreRequest("empty", [], params))
+        engine.add_request(make_request("empty", [], params))
 
 
 @pytest.mark.parametrize(
@@ -220,12 +221,12 @@ def test_priority_preempts_low_and_victim_output_is_unchanged(
     )
     engine = make_engine(default_model_path, sched, num_kv_blocks=42, block_size=8)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True)
-    engine.add_request(EngineCoreRequest("low", prompts[7], params, priority=5))
+    engine.add_request(make_request("low", prompts[7], params, priority=5))
     tokens: dict[str, list[int]] = {"low": [], "high": []}
     finished_order = []
     for step in range(10_000):
         if step == 3:
-            engine.add_request(EngineCoreRequest("high", prompts[5], params, priority=0))
+            engine.add_request(make_request("high", prompts[5], params, priority=0))
         for out in engine.step():
             tokens[out.request_id].extend(out.new_token_ids)
             if out.finished:

@@ -12,9 +12,9 @@ import pytest
 
 from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from paternoster.engine.core import EngineCore
-from paternoster.engine.messages import EngineCoreRequest
 from paternoster.sampling_params import SamplingParams
 
+from .conftest import make_request
 from .test_engine_core import TEXT
 
 MAX_NEW_TOKENS = 12
@@ -69,7 +69,7 @@ def run(engine: EngineCore, prompts: list[list[int]], per_step: int) -> dict[str
         for _ in range(per_step):
             if pending:
                 i, p = pending.pop(0)
-                engine.add_request(EngineCoreRequest(f"p{i}", p, params))
+                engine.add_request(make_request(f"p{i}", p, params))
         for out in engine.step():
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
         if not pending and not engine.has_unfinished_requests():

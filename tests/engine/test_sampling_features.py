@@ -5,14 +5,17 @@ the tokens but not the (raw) logprobs, and seeded reproducibility."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import torch
 
 from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from paternoster.engine.codec import MessageCodec
 from paternoster.engine.core import EngineCore
-from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
-from paternoster.outputs import fan_out
+from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest, FromEngine, Outputs
 from paternoster.sampling_params import SamplingParams
+
+from .conftest import make_request
 
 VOCAB = 160
 EOS = 2
@@ -105,7 +108,7 @@ def test_logprobs_and_prompt_logprobs_match_hf_forward(
     prompts = [prompt(n, seed=n) for n in (1, 2, 19, 33)]
     params = SamplingParams(temperature=temperature, max_tokens=12, ignore_eos=True, seed=5,
                             logprobs=3, prompt_logprobs=4)
-    outs = run(engine, [EngineCoreRequest(f"r{i}", p, params) for i, p in enumerate(prompts)])
+    outs = run(engine, [make_request(f"r{i}", p, params) for i, p in enumerate(prompts)])
     if blocks == 10:
         assert engine.stats()["num_preemptions_total"] > 0
     for i, p in enumerate(prompts):
@@ -139,34 +142,43 @@ def test_logprobs_and_prompt_logprobs_match_hf_forward(
             assert [t[0] for t in tops] == gen  # greedy picks the most likely token
 
 
+def _over_the_link(outputs: list[EngineCoreOutput]) -> tuple[list[EngineCoreOutput], list[dict]]:
+    """``outputs`` encoded in one :class:`Outputs` frame and decoded: the typed
+    outputs and the raw maps."""
+    codec = MessageCodec(FromEngine)
+    frame = codec.encode(Outputs(outputs=outputs))
+    return codec.decode(frame).outputs, msgspec.msgpack.decode(frame)["outputs"]
+
+
 def test_requests_without_logprobs_carry_none_on_the_wire(tiny_dir):
     engine = make_engine(tiny_dir)
-    outs = run(engine, [EngineCoreRequest("a", prompt(5, 1), SamplingParams(max_tokens=3))])
+    outs = run(engine, [make_request("a", prompt(5, 1), SamplingParams(max_tokens=3))])
     for o in outs["a"]:
         assert o.logprobs is None and o.prompt_logprobs is None
-        wire = o.to_wire()
-        assert "logprobs" not in wire and "prompt_logprobs" not in wire
+    _, wire = _over_the_link(outs["a"])
+    assert all("logprobs" not in w and "prompt_logprobs" not in w for w in wire)
 
 
 def test_logprobs_travel_over_the_wire(tiny_dir):
     engine = make_engine(tiny_dir)
     params = SamplingParams(max_tokens=2, logprobs=2, prompt_logprobs=1)
-    outs = run(engine, [EngineCoreRequest("a", prompt(5, 1), params)])
-    for o in outs["a"]:
-        back = EngineCoreOutput.from_wire(o.to_wire())
-        assert back.logprobs == o.logprobs and back.prompt_logprobs == o.prompt_logprobs
+    outs = run(engine, [make_request("a", prompt(5, 1), params)])
+    assert outs["a"][0].prompt_logprobs is not None
+    back, _ = _over_the_link(outs["a"])
+    for o, b in zip(outs["a"], back, strict=True):
+        assert b.logprobs == o.logprobs and b.prompt_logprobs == o.prompt_logprobs
 
 
 def test_logprobs_are_raw_while_penalties_and_bias_change_the_tokens(tiny_dir, hf_model):
     engine = make_engine(tiny_dir)
     p = prompt(10, 7)
     plain = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=0)
-    greedy = tokens_of(run(engine, [EngineCoreRequest("g", p, plain)])["g"])
+    greedy = tokens_of(run(engine, [make_request("g", p, plain)])["g"])
     banned = greedy[0]
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=0,
                             repetition_penalty=1.8, frequency_penalty=1.0,
                             logit_bias={banned: -100.0})
-    out = run(engine, [EngineCoreRequest("p", p, params)])["p"]
+    out = run(engine, [make_request("p", p, params)])["p"]
     gen = tokens_of(out)
     assert banned not in gen and gen != greedy
     ref = hf_log_probs(hf_model, p + gen[:-1])
@@ -179,7 +191,7 @@ def test_logit_bias_forces_a_token(tiny_dir):
     engine = make_engine(tiny_dir)
     params = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True,
                             logit_bias={77: 100.0})
-    assert tokens_of(run(engine, [EngineCoreRequest("b", prompt(8, 2), params)])["b"]) == [77] * 6
+    assert tokens_of(run(engine, [make_request("b", prompt(8, 2), params)])["b"]) == [77] * 6
 
 
 @pytest.mark.parametrize("stop", ["eos", "stop_token_id"])
@@ -190,13 +202,13 @@ def test_min_tokens_holds_back_eos_and_stop_tokens(tiny_dir, stop):
     # The bias makes the stop token the most likely at every step.
     params = SamplingParams(temperature=0.0, max_tokens=20, min_tokens=5,
                             logit_bias={token: 100.0}, stop_token_ids=stop_ids)
-    out = run(engine, [EngineCoreRequest("m", prompt(8, 3), params)])["m"]
+    out = run(engine, [make_request("m", prompt(8, 3), params)])["m"]
     gen = tokens_of(out)
     assert len(gen) == 6 and token not in gen[:5] and gen[5] == token
     assert out[-1].finish_reason == "stop"
     ignoring = SamplingParams(temperature=0.0, max_tokens=3, min_tokens=2, ignore_eos=True,
                               logit_bias={EOS: 100.0})
-    assert tokens_of(run(engine, [EngineCoreRequest("i", prompt(8, 3), ignoring)])["i"]) == \
+    assert tokens_of(run(engine, [make_request("i", prompt(8, 3), ignoring)])["i"]) == \
         [EOS] * 3  # ignore_eos: EOS is an ordinary token, min_tokens does not mask it
 
 
@@ -204,29 +216,36 @@ def test_seeded_request_is_reproducible_across_batch_compositions(tiny_dir):
     p = prompt(12, 11)
     seeded = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=16, ignore_eos=True, seed=42,
                             presence_penalty=0.5, logprobs=2)
-    alone = tokens_of(run(make_engine(tiny_dir), [EngineCoreRequest("s", p, seeded)])["s"])
+    alone = tokens_of(run(make_engine(tiny_dir), [make_request("s", p, seeded)])["s"])
     others = [
-        EngineCoreRequest(f"o{i}", prompt(5 + 7 * i, i), SamplingParams(
+        make_request(f"o{i}", prompt(5 + 7 * i, i), SamplingParams(
             temperature=0.7, max_tokens=4 + 5 * i, ignore_eos=True,
             repetition_penalty=1.3 if i % 2 else 1.0, logprobs=i if i % 3 else None))
         for i in range(5)
     ]  # fmt: skip
     for scheduler, budget in (("fcfs", 256), ("chunked_prefill", 5)):
         engine = make_engine(tiny_dir, scheduler, budget)
-        mixed = run(engine, [others[0], others[1], EngineCoreRequest("s", p, seeded), *others[2:]])
+        mixed = run(engine, [others[0], others[1], make_request("s", p, seeded), *others[2:]])
         assert tokens_of(mixed["s"]) == alone, scheduler
 
 
-def test_n_samples_differ_and_a_seeded_request_repeats(tiny_dir):
+def test_seeded_requests_differ_by_seed_and_repeat(tiny_dir):
+    """Four requests on one prompt with seeds 9..12 (what the frontend's fan-out
+    of ``n=4, seed=9`` sends) sample four sequences, the same ones in a new
+    engine; four unseeded requests differ too (the shared generator advances)."""
     p = prompt(6, 4)
-    params = SamplingParams(n=4, temperature=1.0, max_tokens=12, ignore_eos=True, seed=9)
-    first = run(make_engine(tiny_dir), [r for _, r in fan_out("x", p, params)])
+
+    def requests(seed: int | None) -> list:
+        return [make_request(f"x{i}", p, SamplingParams(
+            temperature=1.0, max_tokens=12, ignore_eos=True,
+            seed=None if seed is None else seed + i)) for i in range(4)]  # fmt: skip
+
+    first = run(make_engine(tiny_dir), requests(9))
     seqs = [tuple(tokens_of(o)) for o in first.values()]
-    assert len(set(seqs)) == 4  # distinct samples: choice i uses seed + i
-    again = run(make_engine(tiny_dir), [r for _, r in fan_out("x", p, params)])
+    assert len(set(seqs)) == 4
+    again = run(make_engine(tiny_dir), requests(9))
     assert [tuple(tokens_of(o)) for o in again.values()] == seqs
-    unseeded = SamplingParams(n=4, temperature=1.0, max_tokens=12, ignore_eos=True)
-    outs = run(make_engine(tiny_dir), [r for _, r in fan_out("y", p, unseeded)])
+    outs = run(make_engine(tiny_dir), requests(None))
     assert len({tuple(tokens_of(o)) for o in outs.values()}) == 4
 
 
@@ -234,5 +253,5 @@ def test_logit_bias_outside_the_vocabulary_is_refused(tiny_dir):
     engine = make_engine(tiny_dir)
     with pytest.raises(ValueError, match="logit_bias"):
         engine.add_request(
-            EngineCoreRequest("x", [5, 6], SamplingParams(logit_bias={VOCAB: 1.0}))
+            make_request("x", [5, 6], SamplingParams(logit_bias={VOCAB: 1.0}))
         )

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from paternoster.model.interface import ModelInput, PromptChunk
 from paternoster.model.sampler import Sampler
+from paternoster.request import Request
 from paternoster.sampling_params import SamplingParams
 
 # chi-square critical values at p = 0.001 (df -> value), from standard tables.
@@ -177,3 +179,65 @@ def test_input_logits_not_modified():
     before = logits.clone()
     _sample(logits, SamplingParams(temperature=0.5, top_p=0.5, min_p=0.1))
     assert torch.equal(logits, before)
+
+
+# ---------------------------------------------------------------- sample_step
+
+
+def _step_input(requests, sample_rows, chunks=()) -> ModelInput:
+    """A ModelInput with only what the sampling stage reads filled in."""
+    n = len(requests)
+    return ModelInput(
+        requests=list(requests), preempted=[], arrays={},
+        num_computed_tokens=np.zeros(n, np.int32), num_scheduled_tokens=np.ones(n, np.int32),
+        sample_rows=np.asarray(sample_rows, np.int64), prompt_chunks=list(chunks),
+    )  # fmt: skip
+
+
+def test_sample_step_keys_tokens_by_row_and_keeps_raw_logprobs():
+    """Rows 0 and 2 sample (row 1 is mid-prefill): tokens are keyed by row; the
+    logprobs are log_softmax of the logits before logit_bias changed the pick."""
+    logits = _logits(2, 50, seed=4)
+    raw = torch.log_softmax(logits, dim=-1)
+    banned = int(logits[1].argmax())
+    reqs = [
+        Request("a", [3, 4], SamplingParams(temperature=0.0, logprobs=2)),
+        Request("b", [5], SamplingParams()),
+        Request("c", [6, 7], SamplingParams(temperature=0.0, logprobs=0,
+                                            logit_bias={banned: -100.0})),
+    ]  # fmt: skip
+    out = Sampler().sample_step(logits.clone(), _step_input(reqs, [0, 2]))
+    second = int(logits[1].topk(2).indices[1])
+    assert out.sampled_token_ids == {0: int(logits[0].argmax()), 2: second}
+    assert out.prompt_logprobs == {}
+    a, c = out.logprobs["a"], out.logprobs["c"]
+    assert set(out.logprobs) == {"a", "c"}
+    assert a.token_logprobs == pytest.approx([float(raw[0].max())], abs=1e-6)
+    assert a.top_token_ids == [raw[0].topk(2).indices.tolist()]
+    assert c.token_logprobs == pytest.approx([float(raw[1, second])], abs=1e-6)
+    assert c.top_token_ids == [[]]
+
+
+def test_sample_step_scores_prompt_chunks_after_the_sampling_rows():
+    """Logits rows: one sampling row, then a 3-position chunk of request "p"
+    starting at prompt position 2: they score prompt tokens 3, 4 and 5."""
+    logits = _logits(4, 30, seed=5)
+    prompt = [11, 12, 13, 14, 15, 16, 17]
+    reqs = [Request("s", [1, 2], SamplingParams(temperature=0.0)),
+            Request("p", prompt, SamplingParams(prompt_logprobs=1))]  # fmt: skip
+    out = Sampler().sample_step(logits.clone(), _step_input(
+        reqs, [0], [PromptChunk(reqs[1], first=2, count=3)]))  # fmt: skip
+    assert out.sampled_token_ids == {0: int(logits[0].argmax())}
+    scored = out.prompt_logprobs["p"]
+    want = torch.log_softmax(logits[1:], dim=-1)
+    targets = prompt[3:6]
+    assert scored.token_logprobs == pytest.approx(
+        [float(want[i, t]) for i, t in enumerate(targets)], abs=1e-6)
+    assert scored.top_token_ids == [[int(want[i].argmax())] for i in range(3)]
+
+
+def test_sample_step_refuses_too_few_logits_rows():
+    reqs = [Request("a", [1], SamplingParams()), Request("b", [1, 2, 3], SamplingParams())]
+    chunk = PromptChunk(reqs[1], first=0, count=2)
+    with pytest.raises(ValueError, match="need 3 logits rows"):
+        Sampler().sample_step(_logits(2, 10), _step_input(reqs, [0], [chunk]))

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,11 +15,9 @@ import torch
 from paternoster import _core
 from paternoster.config import EngineConfig
 from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
-from paternoster.logprobs import Logprobs, compute_logprobs
+from paternoster.logprobs import Logprobs
 from paternoster.metrics.timeline import TimelineRecorder
-from paternoster.model.logits_processors import apply_logits_processors
-from paternoster.model.runner import ModelRunner
-from paternoster.model.sampler import Sampler
+from paternoster.model.interface import ModelInput, ModelRunnerOutput, PromptChunk, Runner
 from paternoster.request import Request
 from paternoster.scheduling.output import SchedulerOutput
 from paternoster.scheduling.registry import load_scheduler_class
@@ -35,10 +33,11 @@ class StepRecord:
 
     Attributes:
         step: step index (0-based, counts steps that ran a forward pass).
-        start: ``time.monotonic()`` seconds when the step began.
-        duration: wall seconds of the whole step.
-        overhead: seconds spent outside the forward pass and sampling
-            (schedule + batch build + update).
+        start: the engine clock's seconds (``time.monotonic()`` unless a clock
+            was given) when the step began.
+        duration: seconds of the whole step.
+        overhead: seconds spent outside the runner (forward pass and sampling):
+            schedule + batch build + update.
         scheduled: ``(request_id, num_scheduled_tokens)`` per request, batch order.
         num_preempted: requests preempted while planning this step.
     """
@@ -52,25 +51,42 @@ class StepRecord:
 
 
 class EngineCore:
-    """Owns the model, the paged KV cache and the scheduler; runs one step at a time.
+    """Owns the runner, the paged KV cache and the scheduler; runs one step at a time.
+
+    A step reads schedule → build → execute → update: the scheduler plans,
+    the C++ ``BatchBuilder`` flattens the plan into a
+    :class:`~paternoster.model.interface.ModelInput`, the runner returns the
+    sampled tokens (:class:`~paternoster.model.interface.ModelRunnerOutput`)
+    and the scheduler appends them and checks stops.
 
     Args:
-        config: model, cache and scheduler settings.
-        model_runner: an already built runner (tests); built from ``config`` if None.
+        config: model, cache and scheduler settings (``config.cache``'s block
+            count and size are the runner's when one is given).
+        model_runner: any :class:`~paternoster.model.interface.Runner`: the
+            real :class:`~paternoster.model.runner.ModelRunner` (built from
+            ``config`` if None), a test double, or the simulator's cost-model
+            runner.
+        clock: seconds, monotonic; stamps arrivals, queue times and the step
+            log (the simulator passes its simulated clock).
     Raises:
         ValueError: unknown scheduler name, unsupported architecture, bad sizes.
     """
 
-    def __init__(self, config: EngineConfig, model_runner: ModelRunner | None = None) -> None:
+    def __init__(self, config: EngineConfig, model_runner: Runner | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         torch.set_num_threads(config.num_threads)
         _core.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         self.config = config
-        self.runner = model_runner or ModelRunner(
-            config.model, config.cache, max_num_seqs=config.scheduler.max_num_seqs,
-            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-        )
-        self.sampler = Sampler()
+        self._clock = clock
+        if model_runner is None:
+            from paternoster.model.runner import ModelRunner
+
+            model_runner = ModelRunner(
+                config.model, config.cache, max_num_seqs=config.scheduler.max_num_seqs,
+                max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+            )
+        self.runner: Runner = model_runner
         self.max_model_len = self.runner.max_model_len
         self.kv_cache_manager = _core.KVCacheManager(
             self.runner.num_kv_blocks,
@@ -105,6 +121,8 @@ class EngineCore:
         self._unreported_queue_times: dict[str, float] = {}
         # Prompt logprobs computed so far, per request, until its first token is sent.
         self._prompt_logprobs: dict[str, Logprobs] = {}
+        # Live requests that asked for prompt logprobs and have not had them sent.
+        self._wants_prompt_logprobs: dict[str, Request] = {}
         # Tokens each step computed, since the last pop_iteration_tokens().
         self._iteration_tokens: list[int] = []
         name = config.model.served_model_name or str(config.model.model).rstrip("/").split("/")[-1]
@@ -121,9 +139,13 @@ class EngineCore:
 
     # --------------------------------------------------------------- requests
 
-    def add_request(self, request: EngineCoreRequest) -> None:
+    def add_request(self, request: EngineCoreRequest, *, arrival_time: float | None = None) -> None:
         """Queue a tokenized request.
 
+        Args:
+            request: the request.
+            arrival_time: when it arrived, in the engine clock's seconds;
+                default now. (The simulator passes the trace's times.)
         Raises:
             ValueError: empty prompt, token id (prompt or ``logit_bias``) outside
                 the vocabulary, ``n != 1``,
@@ -157,10 +179,13 @@ class EngineCore:
             prompt_token_ids=list(ids),
             sampling_params=params,
             eos_token_id=self.runner.eos_token_id,
+            arrival_time=self._clock() if arrival_time is None else arrival_time,
             priority=request.priority,
             max_tokens=params.max_tokens if params.max_tokens is not None else room,
         )
         self.scheduler.add_request(req)
+        if params.prompt_logprobs is not None:
+            self._wants_prompt_logprobs[req.request_id] = req
         if self.timeline is not None:
             self.timeline.on_arrival(req)
 
@@ -173,8 +198,9 @@ class EngineCore:
         aborted = self.scheduler.abort_requests(request_ids)
         for r in aborted:
             self._prompt_logprobs.pop(r.request_id, None)
+            self._wants_prompt_logprobs.pop(r.request_id, None)
         if self.timeline is not None and aborted:
-            self.timeline.on_abort(aborted, time.monotonic())
+            self.timeline.on_abort(aborted, self._clock())
         outputs = [
             EngineCoreOutput(
                 request_id=r.request_id,
@@ -193,96 +219,43 @@ class EngineCore:
     # ------------------------------------------------------------------- step
 
     def step(self) -> list[EngineCoreOutput]:
-        """Run one step: schedule, build the batch, forward, sample, update.
+        """Run one step: schedule, build the batch, execute (forward and sample), update.
 
         Returns:
             Outputs for the requests that got a token (or finished) this step.
         """
-        t0 = time.monotonic()
+        t0 = self._clock()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             if self.timeline is not None and plan.preempted:
                 self.timeline.on_preempted(plan.preempted, self._num_steps, t0)
             return []
         self._note_first_scheduling(plan, t0)
-        batch, rows, prompt_chunks = self._build_batch(plan)
-        t1 = time.monotonic()
-        logits = self.runner.execute_model(batch)
-        sampled, logprobs = self._sample(plan, rows, logits[: len(rows)])
-        if prompt_chunks:
-            self._score_prompts(prompt_chunks, logits[len(rows) :])
-        t2 = time.monotonic()
-        outputs = self.scheduler.update_from_output(plan, sampled)
-        t3 = time.monotonic()
+        model_input = self._build_input(plan)
+        t1 = self._clock()
+        result = self.runner.execute_model(model_input)
+        t2 = self._clock()
+        outputs = self.scheduler.update_from_output(plan, result.sampled_token_ids)
+        t3 = self._clock()
         if self.timeline is not None:
-            self.timeline.on_step(self._num_steps, plan, rows, t0, t3, outputs)
+            self.timeline.on_step(self._num_steps, plan, model_input.sample_rows, t0, t3, outputs)
         self._record(plan, t0, t3, (t1 - t0) + (t3 - t2))
         self._attach_queue_times(outputs)
-        self._attach_logprobs(outputs, logprobs)
+        self._attach_logprobs(outputs, result)
         return outputs
 
-    @torch.inference_mode()  # the logits are inference tensors, processed in place
-    def _sample(
-        self, plan: SchedulerOutput, rows: np.ndarray, logits: torch.Tensor
-    ) -> tuple[dict[int, int], dict[str, Logprobs]]:
-        """Logits processors, then one token per row; raw logprobs where asked.
-
-        Args:
-            plan: this step's plan.
-            rows: indices into ``plan.scheduled`` of the requests that sample.
-            logits: float32 [len(rows), V]; modified in place by the processors.
-        Returns:
-            ``({row: token id}, {request id: one-position Logprobs})``. Logprobs
-            are of the model's distribution before penalties, bias and
-            temperature (vLLM's default ``raw_logprobs``).
-        """
-        if not len(rows):
-            return {}, {}
-        reqs = [plan.scheduled[i] for i in rows]
-        params = [r.sampling_params for r in reqs]
-        want = [j for j, p in enumerate(params) if p.logprobs is not None]
-        raw = logits[want].log_softmax(dim=-1) if want else None  # before processing
-        apply_logits_processors(logits, reqs)
-        tokens = self.sampler.sample(logits, params, [r.generator for r in reqs])
-        sampled = dict(zip(rows.tolist(), tokens.tolist()))
-        if not want:
-            return sampled, {}
-        lp = compute_logprobs(raw, tokens[want], [params[j].logprobs for j in want])
-        return sampled, {reqs[j].request_id: lp.position(k) for k, j in enumerate(want)}
-
-    def _score_prompts(
-        self, chunks: list[tuple[Request, int, int]], logits: torch.Tensor
-    ) -> None:
-        """Prompt logprobs of this step's prefill chunks, kept until the first token.
-
-        Args:
-            chunks: ``(request, first position, count)``: the logits at prompt
-                positions ``first .. first + count - 1`` score prompt tokens
-                ``first + 1 .. first + count``.
-            logits: float32 [sum of counts, V], the chunks' rows in order.
-        """
-        offset = 0
-        for request, first, count in chunks:
-            rows = logits[offset : offset + count].log_softmax(dim=-1)
-            offset += count
-            targets = torch.tensor(
-                request.prompt_token_ids[first + 1 : first + 1 + count], device=rows.device
-            )
-            k = request.sampling_params.prompt_logprobs
-            lp = compute_logprobs(rows, targets, [k] * count)
-            self._prompt_logprobs.setdefault(request.request_id, Logprobs()).extend(lp)
-
-    def _attach_logprobs(
-        self, outputs: list[EngineCoreOutput], logprobs: dict[str, Logprobs]
-    ) -> None:
-        """Put this step's token logprobs, and the prompt logprobs of requests
-        that got their first token, on their outputs."""
-        if not logprobs and not self._prompt_logprobs:
-            return
-        for o in outputs:
-            o.logprobs = logprobs.get(o.request_id)
-            if self._prompt_logprobs and o.new_token_ids:
-                o.prompt_logprobs = self._prompt_logprobs.pop(o.request_id, None)
+    def _attach_logprobs(self, outputs: list[EngineCoreOutput], result: ModelRunnerOutput) -> None:
+        """Keep this step's prompt logprobs; put the token logprobs, and the
+        prompt logprobs of requests that got their first token, on their outputs."""
+        for request_id, lp in result.prompt_logprobs.items():
+            self._prompt_logprobs.setdefault(request_id, Logprobs()).extend(lp)
+        if result.logprobs:
+            for o in outputs:
+                o.logprobs = result.logprobs.get(o.request_id)
+        if self._wants_prompt_logprobs:
+            for o in outputs:  # the first token carries the prompt logprobs
+                if o.new_token_ids and self._wants_prompt_logprobs.pop(o.request_id, None):
+                    o.prompt_logprobs = self._prompt_logprobs.pop(o.request_id, None)
 
     def _note_first_scheduling(self, plan: SchedulerOutput, now: float) -> None:
         """Stamp requests scheduled for the first time; remember their queue time."""
@@ -293,6 +266,8 @@ class EngineCore:
 
     def _attach_queue_times(self, outputs: list[EngineCoreOutput]) -> None:
         """Put each request's queue time on its first output after first scheduling."""
+        if not self._unreported_queue_times:
+            return
         for o in outputs:
             o.queue_time = self._unreported_queue_times.pop(o.request_id, None)
 
@@ -305,25 +280,32 @@ class EngineCore:
         tokens, self._iteration_tokens = self._iteration_tokens, []
         return tokens
 
-    def _build_batch(
-        self, plan: SchedulerOutput
-    ) -> tuple[dict[str, np.ndarray], np.ndarray, list[tuple[Request, int, int]]]:
-        """Flat batch arrays, the rows whose prefill completes (they sample), and
-        the prompt chunks whose logprobs were asked for.
+    def _build_input(self, plan: SchedulerOutput) -> ModelInput:
+        """The runner's input: flat batch arrays, the rows whose prefill
+        completes (they sample) and the prompt chunks whose logprobs were asked for.
 
         ``logits_indices`` holds the sampling rows' last tokens first, then the
-        positions of each prompt chunk (``(request, first position, count)``).
+        positions of each prompt chunk.
         """
         ids, computed, scheduled = plan.batch_arrays()
         batch = self.batch_builder.build(ids, computed, scheduled)
         num_tokens = np.fromiter((r.num_tokens for r in plan.scheduled), np.int64, len(ids))
         rows = np.nonzero(computed.astype(np.int64) + scheduled == num_tokens)[0]
         batch["logits_indices"] = batch["logits_indices"][rows]
-        chunks: list[tuple[Request, int, int]] = []
+        chunks = self._prompt_chunks(plan, batch, computed, scheduled)
+        return ModelInput(plan.scheduled, plan.preempted, batch, computed, scheduled, rows, chunks)
+
+    def _prompt_chunks(self, plan: SchedulerOutput, batch: dict[str, np.ndarray],
+                       computed: np.ndarray, scheduled: np.ndarray) -> list[PromptChunk]:
+        """This step's prompt chunks whose logprobs are wanted; appends their
+        token rows to ``batch["logits_indices"]``."""
+        if not self._wants_prompt_logprobs:
+            return []
+        chunks: list[PromptChunk] = []
         starts: list[np.ndarray] = []
         qsl = batch["query_start_loc"]
         for i, r in enumerate(plan.scheduled):
-            if r.sampling_params.prompt_logprobs is None or r.output_token_ids:
+            if r.request_id not in self._wants_prompt_logprobs:
                 continue  # none asked, or sent already (a preempted request recomputes)
             done = len(self._prompt_logprobs.get(r.request_id) or ())
             first = max(int(computed[i]), done)
@@ -331,11 +313,11 @@ class EngineCore:
             # position's logit is the first sample.
             end = min(int(computed[i]) + int(scheduled[i]), r.num_prompt_tokens - 1)
             if end > first:
-                chunks.append((r, first, end - first))
+                chunks.append(PromptChunk(r, first, end - first))
                 starts.append(np.arange(end - first) + int(qsl[i]) + first - int(computed[i]))
         if chunks:
             batch["logits_indices"] = np.concatenate([batch["logits_indices"], *starts])
-        return batch, rows, chunks
+        return chunks
 
     def _record(self, plan: SchedulerOutput, start: float, end: float, overhead: float) -> None:
         self.step_log.append(

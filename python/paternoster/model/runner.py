@@ -1,4 +1,5 @@
-"""ModelRunner: owns the model and its paged KV cache, runs one forward per step."""
+"""ModelRunner: owns the model and its paged KV cache; runs one forward pass and
+samples one step."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.attention import AttentionMetadata, AttentionOps, default_attention_ops
+from paternoster.model.interface import ModelInput, ModelRunnerOutput
 from paternoster.model.loader import (
     dummy_model,
     load_hf_config,
@@ -18,6 +20,7 @@ from paternoster.model.loader import (
     resolve_dtype,
     sliding_window,
 )
+from paternoster.model.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +36,13 @@ _BATCH_DTYPES = {
 
 
 class ModelRunner:
-    """Loads a model and allocates its KV cache; turns batches into logits.
+    """Loads a model and allocates its KV cache; turns a step into sampled tokens.
+
+    Implements :class:`~paternoster.model.interface.Runner`:
+    :meth:`execute_model` runs the forward pass (:meth:`compute_logits`) and
+    the sampling stage (:meth:`Sampler.sample_step
+    <paternoster.model.sampler.Sampler.sample_step>`: logits processors,
+    sampler, logprobs, prompt logprobs).
 
     On CUDA (``model_config.device``): the weights are loaded straight onto
     the GPU (or drawn at random, ``load_format="dummy"``), then, unless
@@ -91,6 +100,7 @@ class ModelRunner:
         self.workspace: torch.Tensor | None = None  # CUDA split-K scratch
         self.graphs = None  # CUDA decode graphs
         self._kernel_hints = False  # pass max_query_len/max_seq_len/workspace to the ops
+        self.sampler = Sampler()
         ops = attn_ops if attn_ops is not None else default_attention_ops()
         if self.device.type == "cuda":
             self._init_cuda(model_config, cache_config, ops, attn_ops is None, max_num_seqs,
@@ -156,8 +166,29 @@ class ModelRunner:
         shape = (self.num_kv_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
+    def execute_model(
+        self, model_input: ModelInput | dict[str, np.ndarray]
+    ) -> ModelRunnerOutput | torch.Tensor:
+        """One step: the forward pass, then the sampling stage.
+
+        Args:
+            model_input: the step (:class:`~paternoster.model.interface.ModelInput`).
+                Transitional: a bare batch dict (what :meth:`compute_logits`
+                takes) returns that method's logits instead; callers that want
+                logits should call :meth:`compute_logits`.
+        Returns:
+            One sampled token per ``model_input.sample_rows`` entry (keyed by
+            row), token logprobs and prompt logprobs where asked.
+        Raises:
+            KeyError: a batch array is missing.
+        """
+        if isinstance(model_input, dict):
+            return self.compute_logits(model_input)
+        logits = self.compute_logits(model_input.arrays)
+        return self.sampler.sample_step(logits, model_input)
+
     @torch.inference_mode()
-    def execute_model(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
+    def compute_logits(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
         """One forward pass over a flattened batch; logits for selected tokens.
 
         Args:
@@ -198,7 +229,7 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         cfg = self.hf_config
         if own_kernels:
-            from paternoster import ops as kernels
+            from paternoster import kernels
 
             if not kernels.cuda_kernels_available():
                 raise ValueError("device cuda needs the CUDA kernels (paternoster._cuda_ops), "
@@ -210,7 +241,7 @@ class ModelRunner:
             self.model = load_model(self.model_dir, cfg, self.dtype, ops, max_positions=cap,
                                     device=self.device)
         if own_kernels:
-            from paternoster import ops as kernels
+            from paternoster import kernels
 
             self._kernel_hints = True
             self.workspace = kernels.alloc_decode_workspace(
@@ -300,7 +331,7 @@ class ModelRunner:
         return AttentionMetadata(**fields, workspace=self.workspace)
 
     def _execute_cuda(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
-        """execute_model on CUDA: a captured graph for decode batches when
+        """compute_logits on CUDA: a captured graph for decode batches when
         available, else an eager forward with host-side bounds for the kernels."""
         seq_lens = np.asarray(batch["seq_lens"])
         qsl = np.asarray(batch["query_start_loc"])

@@ -26,6 +26,11 @@ Three paths, chosen per row, all exact:
   values sorted in descending order (numpy's vectorised sort, ~20x faster than
   ``torch.sort`` on this CPU; no permutation is needed). Tokens tied with a
   threshold are all kept.
+
+:meth:`Sampler.sample_step` is the runner's whole sampling stage for one step:
+logprobs of the raw distribution where asked, the logits processors
+(:mod:`paternoster.model.logits_processors`), one token per sampling row, and
+the prompt logprobs of prefill chunks.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from paternoster.logprobs import Logprobs, compute_logprobs
+from paternoster.model.interface import ModelInput, ModelRunnerOutput, PromptChunk
+from paternoster.model.logits_processors import apply_logits_processors
+from paternoster.request import Request
 from paternoster.sampling_params import SamplingParams
 
 CANDIDATE_MAX_K = 256  # rows with top_k up to this use the candidate path
@@ -88,6 +97,74 @@ class Sampler:
             picked[full] = _sample_full(x[full], [rp[j] for j in full], u[full])
         tokens[rows] = picked
         return tokens
+
+    @torch.inference_mode()  # the logits are inference tensors, processed in place
+    def sample_step(self, logits: torch.Tensor, model_input: ModelInput) -> ModelRunnerOutput:
+        """One step's sampling: raw logprobs, logits processors, one token per
+        sampling row, prompt logprobs.
+
+        Args:
+            logits: float32 [S + sum of chunk counts, V], the rows
+                ``model_input.arrays["logits_indices"]`` selected: the S
+                sampling rows first, then each prompt chunk's positions.
+                The sampling rows are modified in place by the processors.
+            model_input: the step (requests, ``sample_rows``, ``prompt_chunks``).
+        Returns:
+            The tokens keyed by row, token logprobs (of the distribution before
+            penalties, bias and temperature) for the requests that asked, and
+            each chunk's prompt logprobs.
+        Raises:
+            ValueError: ``logits`` has fewer rows than the input selects.
+        """
+        rows = model_input.sample_rows
+        num_rows = len(rows) + sum(c.count for c in model_input.prompt_chunks)
+        if logits.dim() != 2 or logits.shape[0] < num_rows:
+            raise ValueError(f"need {num_rows} logits rows, got shape {tuple(logits.shape)}")
+        out = ModelRunnerOutput({})
+        if len(rows):
+            reqs = [model_input.requests[i] for i in rows.tolist()]
+            tokens, out.logprobs = self._sample_rows(logits[: len(rows)], reqs)
+            out.sampled_token_ids = dict(zip(rows.tolist(), tokens.tolist()))
+        if model_input.prompt_chunks:
+            out.prompt_logprobs = _score_prompts(model_input.prompt_chunks, logits[len(rows) :])
+        return out
+
+    def _sample_rows(self, logits: torch.Tensor,
+                     reqs: list[Request]) -> tuple[torch.Tensor, dict[str, Logprobs]]:
+        """Processors, then one token per row; raw logprobs where asked.
+
+        Returns:
+            (int64 [N] tokens, ``{request id: one-position Logprobs}``).
+        """
+        params = [r.sampling_params for r in reqs]
+        want = [j for j, p in enumerate(params) if p.logprobs is not None]
+        raw = logits[want].log_softmax(dim=-1) if want else None  # before processing
+        apply_logits_processors(logits, reqs)
+        tokens = self.sample(logits, params, [r.generator for r in reqs])
+        if not want:
+            return tokens, {}
+        lp = compute_logprobs(raw, tokens[want], [params[j].logprobs for j in want])
+        return tokens, {reqs[j].request_id: lp.position(k) for k, j in enumerate(want)}
+
+
+def _score_prompts(chunks: list[PromptChunk], logits: torch.Tensor) -> dict[str, Logprobs]:
+    """Prompt logprobs of each chunk: ``{request id: Logprobs of count positions}``.
+
+    Args:
+        chunks: the chunks, in the order of their rows in ``logits``.
+        logits: float32 [sum of counts, V] (or more rows; the rest is ignored).
+    """
+    scored: dict[str, Logprobs] = {}
+    offset = 0
+    for chunk in chunks:
+        rows = logits[offset : offset + chunk.count].log_softmax(dim=-1)
+        offset += chunk.count
+        first = chunk.first + 1
+        targets = torch.tensor(chunk.request.prompt_token_ids[first : first + chunk.count],
+                               device=rows.device)
+        k = chunk.request.sampling_params.prompt_logprobs
+        scored[chunk.request.request_id] = compute_logprobs(rows, targets, [k] * chunk.count)
+    return scored
 
 
 def _sample_candidates(x: torch.Tensor, params: list[SamplingParams],

@@ -130,7 +130,6 @@ def calibrate(
     from paternoster.config import CacheConfig, ModelConfig
     from paternoster.entrypoints.engine_args import resolve_model_dir
     from paternoster.model.runner import ModelRunner
-    from paternoster.model.sampler import Sampler
     from paternoster.sampling_params import SamplingParams
 
     if len(probes) < 5:
@@ -149,7 +148,6 @@ def calibrate(
         )
         kv = _core.KVCacheManager(num_blocks, block_size)
         builder = _core.BatchBuilder(kv)
-        sampler = Sampler()
         greedy = SamplingParams(temperature=0.0)
         rng = np.random.default_rng(0)
         vocab = min(runner.vocab_size, 32_000)
@@ -166,8 +164,8 @@ def calibrate(
             for _ in range(repeats + 1):
                 t0 = time.perf_counter()
                 batch = builder.build(ids, computed, scheduled)
-                logits = runner.execute_model(batch)
-                sampler.sample(logits, [greedy] * len(rows), [None] * len(rows))
+                logits = runner.compute_logits(batch)
+                runner.sampler.sample(logits, [greedy] * len(rows), [None] * len(rows))
                 times.append(time.perf_counter() - t0)
             for i in ids.tolist():
                 builder.remove_request(i)

@@ -1,33 +1,39 @@
-"""The model-free executor: real scheduler classes, a virtual clock, a cost model.
+"""The simulator: the real EngineCore with a cost-model runner on a simulated clock.
 
-It runs the loop of :class:`paternoster.engine.core.EngineCore` with the
-forward pass replaced by the cost model: the policy registered under the
-entry-point group ``paternoster.schedulers`` plans each step against the real
-C++ ``KVCacheManager``; the real C++ ``BatchBuilder`` flattens the plan (so a
-plan the engine would reject fails here too); the step then "takes"
-``cost_model.step_time(work)`` and every request whose scheduled tokens reach
-its end receives a token at the step's end. Iteration-level scheduling after
-Orca (Yu et al., OSDI'22); chunked prefill after Sarathi-Serve (Agrawal et al.,
-OSDI'24).
+:func:`simulate` builds a real :class:`~paternoster.engine.core.EngineCore`
+around a :class:`~paternoster.simulate.runner.CostModelRunner`: the policy
+registered under the entry-point group ``paternoster.schedulers`` plans each
+step against the real C++ ``KVCacheManager``; the real C++ ``BatchBuilder``
+flattens the plan (so a plan the engine would reject fails here too); the
+step then "takes" ``cost_model.step_time(work)`` on a
+:class:`~paternoster.simulate.runner.SimClock` and every request whose
+scheduled tokens reach its end receives a token at the step's end. There is
+no second copy of the step loop: this module only feeds arrivals and reads
+the results. Iteration-level scheduling after Orca (Yu et al., OSDI'22);
+chunked prefill after Sarathi-Serve (Agrawal et al., OSDI'24).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
-import numpy as np
+import torch
 
 from paternoster import _core
-from paternoster.config import SchedulerConfig
+from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from paternoster.engine.core import EngineCore
+from paternoster.engine.messages import EngineCoreRequest
+from paternoster.model.interface import ModelInput
 from paternoster.request import Request
 from paternoster.sampling_params import SamplingParams
 from paternoster.scheduling.registry import load_scheduler_class
 from paternoster.simulate.cost_model import DEFAULT_COST_MODEL, CostModel, StepWork
 from paternoster.simulate.results import RequestMetrics, SimStep, SimulationResult
+from paternoster.simulate.runner import FAKE_TOKEN, CostModelRunner, SimClock
 from paternoster.simulate.trace import TraceRequest
 
-#: The fake sampled token: any id works, EOS is ignored.
-FAKE_TOKEN = 1
+__all__ = ["FAKE_TOKEN", "simulate"]
 
 
 def simulate(
@@ -43,11 +49,14 @@ def simulate(
     max_model_len: int = 8192,
     max_steps: int = 1_000_000,
 ) -> SimulationResult:
-    """Run ``trace`` through a scheduler policy on a virtual clock.
+    """Run ``trace`` through a scheduler policy on a simulated clock.
 
     Deterministic: the same arguments give the same result (no wall clock, no
     randomness). A whole-prompt policy (``supports_chunked_prefill`` false)
     gets its token budget raised to ``max_model_len``, as ``EngineCore`` does.
+    Prefix caching is off (every trace request has its own prompt). The
+    process's torch and core thread counts and torch's RNG state, which the
+    engine sets, are restored afterwards.
 
     Args:
         trace: the requests (any order; ties in ``arrival_time`` keep trace order).
@@ -76,87 +85,83 @@ def simulate(
     trace = list(trace)
     if not trace:
         raise ValueError("trace has no requests")
-    cls = load_scheduler_class(scheduler)
-    if not cls.supports_chunked_prefill:
+    if not load_scheduler_class(scheduler).supports_chunked_prefill:
         max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
-    config = SchedulerConfig(
-        scheduler=scheduler,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        policy_config=dict(scheduler_config or {}),
+    config = EngineConfig(
+        model=ModelConfig(model="cost-model", max_model_len=max_model_len),
+        cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
+                          enable_prefix_caching=False),
+        scheduler=SchedulerConfig(
+            scheduler=scheduler,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            policy_config=dict(scheduler_config or {}),
+        ),
     )
-    kv = _core.KVCacheManager(num_kv_blocks, block_size)
-    builder = _core.BatchBuilder(kv)
-    sched = cls(config, kv, builder, max_model_len)
     metrics, requests = _make_requests(trace, max_model_len, num_kv_blocks * block_size)
     index = {r.request_id: i for i, r in enumerate(requests)}
     order = sorted(range(len(trace)), key=lambda i: (trace[i].arrival_time, i))
-
+    engine_requests: list[Request | None] = [None] * len(trace)
     steps: list[SimStep] = []
-    clock, nxt = 0.0, 0
-    while nxt < len(order) or sched.has_unfinished_requests():
-        while nxt < len(order) and trace[order[nxt]].arrival_time <= clock:
-            sched.add_request(requests[order[nxt]])
-            nxt += 1
-        if not sched.has_unfinished_requests():
-            clock = trace[order[nxt]].arrival_time
-            continue
-        plan = sched.schedule()
-        if plan.is_empty:
-            if nxt < len(order):
-                clock = trace[order[nxt]].arrival_time
-                continue
-            raise RuntimeError(
-                f"scheduler {scheduler!r} scheduled nothing with {sched.num_waiting} waiting "
-                f"and {sched.num_running} running requests and no arrival left"
-            )
-        if len(steps) >= max_steps:
-            raise RuntimeError(f"simulation did not finish within max_steps={max_steps}")
-        ids, computed, scheduled = plan.batch_arrays()
-        builder.build(ids, computed, scheduled)  # the engine's own validation
-        prompt = np.fromiter((r.num_prompt_tokens for r in plan.scheduled), np.int64, len(ids))
-        work = StepWork.from_arrays(computed, scheduled, prompt)
-        duration = cost_model.step_time(work)
-        if not duration > 0:
-            raise ValueError(f"cost model gives a step time of {duration} for {work}")
-        start, clock = clock, clock + duration
+
+    def on_step(model_input: ModelInput, work: StepWork, start: float, end: float) -> None:
+        """Record the step as planned (before the engine's update)."""
         rows = []
-        for r, c, n in zip(plan.scheduled, computed.tolist(), scheduled.tolist()):
-            m = metrics[index[r.request_id]]
-            if m.first_scheduled_time is None:
-                m.first_scheduled_time = start
+        for r, c, n in zip(model_input.requests, model_input.num_computed_tokens.tolist(),
+                           model_input.num_scheduled_tokens.tolist()):
+            i = index[r.request_id]
+            if metrics[i].first_scheduled_time is None:
+                metrics[i].first_scheduled_time = start
+                engine_requests[i] = r
             kind = "decode" if n == 1 and c >= r.num_prompt_tokens else "prefill"
-            rows.append((index[r.request_id], n, kind))
-        sampled = {
-            row: FAKE_TOKEN
-            for row, (r, c, n) in enumerate(zip(plan.scheduled, computed, scheduled))
-            if c + n == r.num_tokens
-        }
-        steps.append(
-            SimStep(
-                index=len(steps) + 1,
-                start=start,
-                end=clock,
-                rows=tuple(rows),
-                preempted=tuple(index[r.request_id] for r in plan.preempted),
-                prefill_tokens=work.prefill_tokens,
-                decode_tokens=work.decode_tokens,
-                kv_tokens=work.kv_tokens,
-                num_waiting=sched.num_waiting,
-                kv_cache_usage=kv.usage(),
-            )
-        )
-        for out in sched.update_from_output(plan, sampled):
-            m = metrics[index[out.request_id]]
-            m.token_times.extend([clock] * len(out.new_token_ids))
-            m.num_output_tokens += len(out.new_token_ids)
-            if out.finished:
-                m.finish_step = len(steps)
-    for m, r in zip(metrics, requests):
-        m.num_preemptions = r.num_preemptions
+            rows.append((i, n, kind))
+        steps.append(SimStep(
+            index=len(steps) + 1, start=start, end=end, rows=tuple(rows),
+            preempted=tuple(index[r.request_id] for r in model_input.preempted),
+            prefill_tokens=work.prefill_tokens, decode_tokens=work.decode_tokens,
+            kv_tokens=work.kv_tokens, num_waiting=engine.scheduler.num_waiting,
+            kv_cache_usage=engine.kv_cache_manager.usage(),
+        ))  # fmt: skip
+
+    clock = SimClock()
+    runner = CostModelRunner(cost_model, clock, num_kv_blocks=num_kv_blocks,
+                             block_size=block_size, max_model_len=max_model_len,
+                             on_step=on_step)  # fmt: skip
+    with _process_settings_kept():
+        engine = EngineCore(config, runner, clock=clock)
+        nxt = 0
+        while nxt < len(order) or engine.has_unfinished_requests():
+            while nxt < len(order) and trace[order[nxt]].arrival_time <= clock.now:
+                i = order[nxt]
+                engine.add_request(requests[i], arrival_time=metrics[i].arrival_time)
+                nxt += 1
+            if not engine.has_unfinished_requests():
+                clock.advance_to(trace[order[nxt]].arrival_time)
+                continue
+            if runner.num_steps >= max_steps:
+                raise RuntimeError(f"simulation did not finish within max_steps={max_steps}")
+            ran = runner.num_steps
+            outputs = engine.step()
+            if runner.num_steps == ran:  # the policy scheduled nothing
+                if nxt < len(order):
+                    clock.advance_to(trace[order[nxt]].arrival_time)
+                    continue
+                sched = engine.scheduler
+                raise RuntimeError(
+                    f"scheduler {scheduler!r} scheduled nothing with {sched.num_waiting} "
+                    f"waiting and {sched.num_running} running requests and no arrival left"
+                )
+            for out in outputs:
+                m = metrics[index[out.request_id]]
+                m.token_times.extend([clock.now] * len(out.new_token_ids))
+                m.num_output_tokens += len(out.new_token_ids)
+                if out.finish_reason is not None:
+                    m.finish_step = len(steps)
+    for m, r in zip(metrics, engine_requests):
+        m.num_preemptions = r.num_preemptions if r is not None else 0
     return SimulationResult(
         scheduler=scheduler,
-        scheduler_config=dict(config.policy_config),
+        scheduler_config=dict(config.scheduler.policy_config),
         settings={
             "num_kv_blocks": num_kv_blocks,
             "block_size": block_size,
@@ -167,15 +172,29 @@ def simulate(
         cost_model=cost_model.to_dict(),
         requests=metrics,
         steps=steps,
-        num_preemptions_total=sched.num_preemptions_total,
-        num_free_blocks_at_end=kv.num_free_blocks(),
+        num_preemptions_total=engine.scheduler.num_preemptions_total,
+        num_free_blocks_at_end=engine.kv_cache_manager.num_free_blocks(),
     )
+
+
+@contextmanager
+def _process_settings_kept() -> Iterator[None]:
+    """Restore torch's and the core's thread counts and torch's RNG state,
+    which ``EngineCore`` sets for its process."""
+    threads, core_threads = torch.get_num_threads(), _core.get_num_threads()
+    rng = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        _core.set_num_threads(core_threads)
+        torch.set_rng_state(rng)
 
 
 def _make_requests(
     trace: list[TraceRequest], max_model_len: int, kv_capacity: int
-) -> tuple[list[RequestMetrics], list[Request]]:
-    """Engine requests (ignore_eos, ``max_tokens = output_len``) and empty metrics."""
+) -> tuple[list[RequestMetrics], list[EngineCoreRequest]]:
+    """Engine requests (greedy, ignore_eos, ``max_tokens = output_len``) and empty metrics."""
     metrics, requests, seen = [], [], set()
     for i, t in enumerate(trace):
         rid = t.request_id if t.request_id is not None else f"r{i}"
@@ -194,13 +213,11 @@ def _make_requests(
             )
         params = SamplingParams(temperature=0.0, max_tokens=t.output_len, ignore_eos=True)
         requests.append(
-            Request(
+            EngineCoreRequest(
                 request_id=rid,
                 prompt_token_ids=[(i * 7 + j) % 997 + 2 for j in range(t.prompt_len)],
                 sampling_params=params,
-                arrival_time=float(t.arrival_time),
                 priority=t.priority,
-                max_tokens=t.output_len,
             )
         )
         metrics.append(
