@@ -269,9 +269,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
 
 def check_attention_case(case: Case, device: str, seed: int, ops_module, *,
                          workspace=None, dtype: torch.dtype | None = None,
-                         kernel_hints: bool = True) -> dict:
-    """Run ``ops_module.paged_attention`` on a fresh case and compare with the
-    reference. Returns the comparison plus ``ok`` and the seed."""
+                         kernel_hints: bool = True, reference=None) -> dict:
+    """Run ``ops_module.paged_attention`` on a fresh case and compare with
+    ``reference(case dict)`` (default :func:`reference_attention`). Returns the
+    comparison plus ``ok`` and the seed."""
     c = make_attention_case(case, device, seed, dtype)
     kwargs = {}
     if kernel_hints:
@@ -280,7 +281,7 @@ def check_attention_case(case: Case, device: str, seed: int, ops_module, *,
     ops_module.paged_attention(c["query"], c["key_cache"], c["value_cache"], c["block_tables"],
                                c["seq_lens"], c["query_start_loc"], c["scale"], out=c["out"],
                                **kwargs)
-    res = compare(c["out"], reference_attention(c))
+    res = compare(c["out"], (reference or reference_attention)(c))
     tol = TOLERANCE[dtype or case.dtype]
     res.update(seed=seed, tol=tol,
                ok=res["finite"] and res["zero_rows"] == 0 and res["rel_err"] < tol)
@@ -410,8 +411,9 @@ def check_padding_rows(ops, device: str, seed: int) -> dict:
     return {"ok": bool((pad == 0).all()) and bool(torch.isfinite(c["out"]).all())}
 
 
-def check_graph_replay(ops, device: str, seed: int) -> dict:
-    """Capture one decode call (max_seq_len 8192), replay it on new contents."""
+def check_graph_replay(ops, device: str, seed: int, reference=None) -> dict:
+    """Capture one decode call (max_seq_len 8192), replay it on new contents;
+    compared with ``reference`` as in :func:`check_attention_case`."""
     case = Case("graph", torch.bfloat16, 32, 8, 128, 16, (1,) * 8, (8000,) * 8)
     c = make_attention_case(case, device, seed)
     ws = ops.alloc_decode_workspace(device, 8, 32, 8, 128, 8192)
@@ -428,7 +430,7 @@ def check_graph_replay(ops, device: str, seed: int) -> dict:
     c["out"].fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    res = compare(c["out"], reference_attention(c))
+    res = compare(c["out"], (reference or reference_attention)(c))
     res["ok"] = res["finite"] and res["zero_rows"] == 0 and res["rel_err"] < 1e-2
     return res
 

@@ -1,6 +1,7 @@
 """Helpers for the CUDA tests: the correctness cases and checks of
-bench/gpu_check.py (one source for the prepared GPU check and pytest), and the
-GPU skip condition."""
+bench/gpu_check.py (one source for the prepared GPU check and pytest), judged
+against the suite's own paged-attention reference (tests/paged_attention_ref.py,
+not the bench's), and the GPU skip condition."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from ..paged_attention_ref import paged_attention_reference
 
 _GPU_CHECK = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
 
@@ -22,6 +26,18 @@ def load_gpu_check():
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def case_reference(c: dict) -> torch.Tensor:
+    """The shared float64 reference of a gpu_check case dict: ``[T, Hq, D]``."""
+    return paged_attention_reference(c["query"], c["key_cache"], c["value_cache"],
+                                     c["block_tables"], c["seq_lens"], c["query_start_loc"],
+                                     c["scale"])
+
+
+def check_attention_case(*args, **kwargs) -> dict:
+    """bench/gpu_check.py's ``check_attention_case`` against :func:`case_reference`."""
+    return load_gpu_check().check_attention_case(*args, reference=case_reference, **kwargs)
 
 
 def cuda_ready() -> bool:

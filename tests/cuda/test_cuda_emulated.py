@@ -4,11 +4,12 @@ cuda/emu (every CUDA thread a fiber; __syncthreads, __syncwarp and warp
 shuffles exact), and :func:`paternoster.kernels.emulated_cuda_backend` wraps it
 in the same Python backend as on a GPU, for CPU tensors.
 
-Checked against the float32 torch reference of bench/gpu_check.py (fresh
-random inputs, NaN-poisoned outputs and unused cache slots, relative L2 error
-below the dtype's tolerance, no zero rows): every correctness case of the GPU
-check, the split-K variants, both cache-write paths, padding rows, and the
-model runner's forward against HF transformers. Shuffled thread orders must
+Checked with bench/gpu_check.py's cases against the suite's float64
+reference (tests/paged_attention_ref.py; fresh random inputs, NaN-poisoned
+outputs and unused cache slots, relative L2 error below the dtype's tolerance,
+no zero rows): every correctness case of the GPU check, the split-K
+variants, both cache-write paths, padding rows, and the model runner's
+forward against HF transformers. Shuffled thread orders must
 give bit-identical results (a missing barrier would not). Timing, occupancy
 and the CUDA graph capture are not emulated: those stay with the GPU run."""
 
@@ -21,7 +22,7 @@ import torch
 
 from paternoster import kernels
 
-from .conftest import load_gpu_check
+from .conftest import case_reference, check_attention_case, load_gpu_check
 
 gc = load_gpu_check()
 
@@ -50,7 +51,7 @@ def assert_ok(res: dict) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_paged_attention_matches_reference(backend, case):
-    res = gc.check_attention_case(case, "cpu", seed=torch.seed() % 2**31, ops_module=backend)
+    res = check_attention_case(case, "cpu", seed=torch.seed() % 2**31, ops_module=backend)
     assert_ok(res)
     stats = backend.module.emu_stats()
     assert stats["launches"] >= 2 and stats["threads"] > 0  # the emulated kernels ran
@@ -59,7 +60,7 @@ def test_paged_attention_matches_reference(backend, case):
 @pytest.mark.parametrize("case", [c for c in CASES if c.dtype == torch.bfloat16][:3],
                          ids=lambda c: c.name)
 def test_float16_variant_matches_reference(backend, case):
-    assert_ok(gc.check_attention_case(case, "cpu", seed=3, ops_module=backend, dtype=torch.float16))
+    assert_ok(check_attention_case(case, "cpu", seed=3, ops_module=backend, dtype=torch.float16))
 
 
 # Workspace bytes of one split of LONG: 2 sequences x 32 heads x (D + 2) floats.
@@ -72,7 +73,7 @@ def test_the_long_case_splits_and_the_workspace_bounds_the_splits(backend):
     for label, ws in (("planned", None), ("none", torch.empty(0, dtype=torch.uint8)),
                       ("small", torch.empty(4 * PER_SPLIT + 100, dtype=torch.uint8))):
         backend.module.emu_stats(True)
-        assert_ok(gc.check_attention_case(LONG, "cpu", seed=11, ops_module=backend, workspace=ws))
+        assert_ok(check_attention_case(LONG, "cpu", seed=11, ops_module=backend, workspace=ws))
         blocks[label] = backend.module.emu_stats()["blocks"]
     # decode grid: 8 kv heads x 2 sequences x splits (+ 2 x 32 reduction blocks when split)
     assert blocks["none"] == 16
@@ -81,7 +82,7 @@ def test_the_long_case_splits_and_the_workspace_bounds_the_splits(backend):
 
 
 def test_default_hints_launch_both_kernels(backend):
-    assert_ok(gc.check_attention_case(gc.CASES[10], "cpu", seed=12, ops_module=backend,
+    assert_ok(check_attention_case(gc.CASES[10], "cpu", seed=12, ops_module=backend,
                                       kernel_hints=False))
 
 
@@ -106,7 +107,7 @@ def test_shuffled_thread_orders_give_identical_results(case):
                                 max_seq_len=max(c["seq_lens_host"]))
         outs.append(c["out"])
     assert all(torch.equal(outs[0], o) for o in outs[1:])
-    res = gc.compare(outs[0], gc.reference_attention(c))
+    res = gc.compare(outs[0], case_reference(c))
     assert res["finite"] and res["rel_err"] < gc.TOLERANCE[case.dtype], res
 
 
@@ -151,7 +152,7 @@ def test_rows_outside_the_batch_are_left_alone(backend):
     backend.paged_attention(query, c["key_cache"], c["value_cache"], c["block_tables"],
                             c["seq_lens"], c["query_start_loc"], c["scale"], out=out)
     assert (out[:2] == 3.0).all() and (out[t + 2:] == 3.0).all()
-    res = gc.compare(out[2: t + 2], gc.reference_attention(c))
+    res = gc.compare(out[2: t + 2], case_reference({**c, "query_start_loc": qsl}))
     assert res["finite"] and res["rel_err"] < 1e-2, res
 
 

@@ -1,7 +1,8 @@
-"""The CUDA kernels against a float32 torch reference on the GPU (the checks of
-bench/gpu_check.py's correctness phase): fresh random inputs per case, NaN in
-the output and in unused KV cache slots beforehand, relative L2 error below the
-dtype's tolerance, every output row finite and non-zero. Skipped without a GPU."""
+"""The CUDA kernels against the suite's float64 reference
+(tests/paged_attention_ref.py) through the checks of bench/gpu_check.py's
+correctness phase: fresh random inputs per case, NaN in the output and in
+unused KV cache slots beforehand, relative L2 error below the dtype's
+tolerance, every output row finite and non-zero. Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from paternoster import kernels
 
-from .conftest import load_gpu_check, requires_gpu
+from .conftest import case_reference, check_attention_case, load_gpu_check, requires_gpu
 
 gc = load_gpu_check()
 
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.gpu, requires_gpu]
 
 @pytest.mark.parametrize("case", gc.CASES, ids=[c.name for c in gc.CASES])
 def test_paged_attention_matches_reference(case):
-    res = gc.check_attention_case(case, "cuda", seed=torch.seed() % 2**31, ops_module=kernels)
+    res = check_attention_case(case, "cuda", seed=torch.seed() % 2**31, ops_module=kernels)
     assert res["finite"], res
     assert res["zero_rows"] == 0, res
     assert res["rel_err"] < res["tol"], res
@@ -28,7 +29,7 @@ def test_paged_attention_matches_reference(case):
 @pytest.mark.parametrize("case", [c for c in gc.CASES if c.dtype == torch.bfloat16][:3],
                          ids=lambda c: c.name)
 def test_float16_variant_matches_reference(case):
-    res = gc.check_attention_case(case, "cuda", seed=3, ops_module=kernels, dtype=torch.float16)
+    res = check_attention_case(case, "cuda", seed=3, ops_module=kernels, dtype=torch.float16)
     assert res["ok"], res
 
 
@@ -36,13 +37,13 @@ def test_float16_variant_matches_reference(case):
 def test_split_k_agrees_with_fewer_splits(workspace_bytes):
     """Without (or with too little) workspace the decode kernel splits less: same result."""
     ws = torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda")
-    res = gc.check_attention_case(gc.CASES[2], "cuda", seed=11, ops_module=kernels, workspace=ws)
+    res = check_attention_case(gc.CASES[2], "cuda", seed=11, ops_module=kernels, workspace=ws)
     assert res["ok"], res
 
 
 def test_without_kernel_hints_matches_reference():
     """Default max_query_len (T) / max_seq_len (table width): both kernels launched."""
-    res = gc.check_attention_case(gc.CASES[10], "cuda", seed=12, ops_module=kernels,
+    res = check_attention_case(gc.CASES[10], "cuda", seed=12, ops_module=kernels,
                                   kernel_hints=False)
     assert res["ok"], res
 
@@ -56,7 +57,7 @@ def test_decode_rows_with_zero_seq_len_are_zeros():
 
 
 def test_decode_replays_in_a_cuda_graph():
-    res = gc.check_graph_replay(kernels, "cuda", seed=7)
+    res = gc.check_graph_replay(kernels, "cuda", seed=7, reference=case_reference)
     assert res["ok"], res
 
 
