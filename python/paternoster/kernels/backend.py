@@ -13,6 +13,7 @@ without paged-attention kernels.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ class Backend:
             memory but do not check them themselves (the CUDA emulation).
     """
 
-    dtypes: Mapping[torch.dtype, Any] = {}
+    dtypes: Mapping[torch.dtype, Any] = MappingProxyType({})
     check_indices: bool = False
 
     # ------------------------------------------------------------ paged attention
