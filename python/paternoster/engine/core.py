@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -25,6 +26,10 @@ from paternoster.scheduling.registry import load_scheduler_class
 logger = logging.getLogger(__name__)
 
 STEP_LOG_SIZE = 4096
+# C-level attribute reads for the per-request loops of a step (twice as fast as a
+# generator expression over 256 requests).
+_REQUEST_ID = operator.attrgetter("request_id")
+_NUM_TOKENS = operator.attrgetter("num_tokens")
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,8 @@ class StepRecord:
         duration: seconds of the whole step.
         overhead: seconds spent outside the runner (forward pass and sampling):
             schedule + batch build + update.
-        scheduled: ``(request_id, num_scheduled_tokens)`` per request, batch order.
+        request_ids: the scheduled requests' ids, batch order.
+        num_scheduled_tokens: tokens each of them computed, same order.
         num_preempted: requests preempted while planning this step.
     """
 
@@ -46,8 +52,14 @@ class StepRecord:
     start: float
     duration: float
     overhead: float
-    scheduled: tuple[tuple[str, int], ...]
+    request_ids: tuple[str, ...]
+    num_scheduled_tokens: tuple[int, ...]
     num_preempted: int
+
+    @property
+    def scheduled(self) -> tuple[tuple[str, int], ...]:
+        """``(request_id, num_scheduled_tokens)`` per request, batch order."""
+        return tuple(zip(self.request_ids, self.num_scheduled_tokens))
 
 
 class EngineCore:
@@ -289,7 +301,7 @@ class EngineCore:
         """
         ids, computed, scheduled = plan.batch_arrays()
         batch = self.batch_builder.build(ids, computed, scheduled)
-        num_tokens = np.fromiter((r.num_tokens for r in plan.scheduled), np.int64, len(ids))
+        num_tokens = np.fromiter(map(_NUM_TOKENS, plan.scheduled), np.int64, len(ids))
         rows = np.nonzero(computed.astype(np.int64) + scheduled == num_tokens)[0]
         batch["logits_indices"] = batch["logits_indices"][rows]
         chunks = self._prompt_chunks(plan, batch, computed, scheduled)
@@ -326,9 +338,8 @@ class EngineCore:
                 start=start,
                 duration=end - start,
                 overhead=overhead,
-                scheduled=tuple(
-                    (r.request_id, n) for r, n in zip(plan.scheduled, plan.num_scheduled_tokens)
-                ),
+                request_ids=tuple(map(_REQUEST_ID, plan.scheduled)),
+                num_scheduled_tokens=tuple(plan.num_scheduled_tokens),
                 num_preempted=len(plan.preempted),
             )
         )

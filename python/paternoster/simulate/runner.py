@@ -10,12 +10,15 @@ fails here too), and :meth:`CostModelRunner.execute_model` then "takes"
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import numpy as np
 
 from paternoster.model.interface import ModelInput, ModelRunnerOutput
 from paternoster.simulate.cost_model import CostModel, StepWork
+
+_NUM_PROMPT_TOKENS = operator.attrgetter("num_prompt_tokens")
 
 #: The fake sampled token: any id works, the simulator's requests ignore EOS.
 FAKE_TOKEN = 1
@@ -104,7 +107,7 @@ class CostModelRunner:
         Raises:
             ValueError: the cost model gives a step time that is not > 0.
         """
-        prompt = np.fromiter((r.num_prompt_tokens for r in model_input.requests), np.int64,
+        prompt = np.fromiter(map(_NUM_PROMPT_TOKENS, model_input.requests), np.int64,
                              len(model_input.requests))
         work = StepWork.from_arrays(model_input.num_computed_tokens,
                                     model_input.num_scheduled_tokens, prompt)
