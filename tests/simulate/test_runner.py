@@ -3,6 +3,8 @@ fake tokens, and what the engine stamps with that clock."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -67,9 +69,12 @@ def test_queue_time_is_measured_on_the_simulated_clock():
     engine.add_request(request("a", 4, 1), arrival_time=1.5)
     (out,) = engine.step()
     assert out.queue_time == 1.5  # first scheduled at 3.0, arrived at 1.5
-    engine.add_request(request("b", 4, 1))  # default arrival: the clock's now
+    # Default arrival: the request's wall-clock arrival (2 s ago) on the engine clock.
+    late = request("b", 4, 1)
+    late.arrival_time = time.time() - 2.0
+    engine.add_request(late)
     (out,) = engine.step()
-    assert out.queue_time == 0.0
+    assert out.queue_time == pytest.approx(2.0, abs=0.5)
 
 
 def test_a_cost_model_without_cost_is_refused():
