@@ -35,7 +35,6 @@ from typing import Any
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from paternoster.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from paternoster.entrypoints.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -52,6 +51,7 @@ from paternoster.entrypoints.openai.protocol import (
     ModelList,
     UsageInfo,
 )
+from paternoster.frontend.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI, vLLM and `paternoster serve`
 

@@ -65,6 +65,8 @@ class Request:
         first_scheduled_time: ``time.monotonic()`` seconds when a step first
             scheduled it (``None`` while it has only waited); queue time is this
             minus ``arrival_time``.
+        cache_salt: prefix-cache isolation: its blocks are shared only with
+            requests of the same salt (``None``: no salt).
     """
 
     request_id: str
@@ -82,6 +84,7 @@ class Request:
     generator: torch.Generator | None = None
     stop_reason: int | str | None = None
     first_scheduled_time: float | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.sampling_params.seed is not None:

@@ -46,7 +46,7 @@ class FullSocket:
 
 
 def _server(**kw) -> tuple[ZmqServer, _Peer, FullSocket]:
-    srv = ZmqServer(serving=None, address="inproc://unused", **kw)
+    srv = ZmqServer(frontend=None, address="inproc://unused", **kw)
     sock = FullSocket()
     srv._sock = sock
     peer = _Peer(b"peer", [])

@@ -148,3 +148,25 @@ def test_no_prefix_caching_flag():
         args = parser.parse_args(argv)
         cfg = build_engine_config("/m", **{k: getattr(args, k) for k in ENGINE_ARG_NAMES})
         assert cfg.cache.enable_prefix_caching is want
+
+
+def _hits_of(engine: EngineCore, prompt: list[int], salt: str | None, rid: str) -> int:
+    """Prefix-cache hit tokens of one greedy request with ``cache_salt=salt``."""
+    before = engine.stats()["prefix_cache_hits"]
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    engine.add_request(make_request(rid, prompt, params, cache_salt=salt))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return engine.stats()["prefix_cache_hits"] - before
+
+
+def test_cache_salt_shares_blocks_only_between_equal_salts(default_model_path, text_ids):
+    """vLLM's per-request ``cache_salt``: the same prompt under another salt (or
+    none) computes every block again; under the same salt it hits."""
+    engine = make_engine(default_model_path, True, 256)
+    prompt = text_ids[:49]  # 6 whole blocks of 8
+    assert _hits_of(engine, prompt, "tenant-a", "a1") == 0
+    assert _hits_of(engine, prompt, "tenant-b", "b1") == 0
+    assert _hits_of(engine, prompt, None, "n1") == 0
+    assert _hits_of(engine, prompt, "tenant-a", "a2") == 48
+    assert _hits_of(engine, prompt, None, "n2") == 48

@@ -11,7 +11,7 @@ import shutil
 import httpx
 import pytest
 
-from paternoster.entrypoints.chat_utils import (
+from paternoster.frontend.chat import (
     ChatTemplateError,
     load_chat_template,
     render_chat,

@@ -8,7 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paternoster.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, StopStringMatcher
+from paternoster.frontend.detokenizer import (
+    REPLACEMENT_CHAR,
+    IncrementalDetokenizer,
+    StopStringMatcher,
+)
 
 TEXTS = [
     "Hello, world! How are you today?",

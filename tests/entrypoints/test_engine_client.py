@@ -16,12 +16,8 @@ import pytest
 
 from paternoster.config import EngineConfig, ModelConfig
 from paternoster.engine.messages import EngineCoreRequest
-from paternoster.entrypoints.engine_client import (
-    EngineClient,
-    EngineDeadError,
-    EngineStartupError,
-    RequestRejectedError,
-)
+from paternoster.frontend.engine_client import EngineClient
+from paternoster.frontend.errors import EngineDeadError, EngineStartupError, RequestRejectedError
 from paternoster.sampling_params import SamplingParams
 from tests.entrypoints.utils import FAKE_ENGINE, REPO_ROOT, child_env
 
@@ -81,9 +77,9 @@ def test_generate_streams_until_finished_and_shutdown_is_clean(fake_dir):
             stats = await _wait_stats(client, lambda s: s["num_running"] == 0)
             assert stats["num_free_blocks"] == stats["num_kv_blocks"]
         finally:
-            tmpdir = client._tmpdir
+            tmpdir = client.link._tmpdir
             await client.shutdown()
-        assert client._proc.returncode == 0
+        assert client.supervisor.proc.returncode == 0
         assert not os.path.exists(tmpdir)
 
     run(main())
@@ -130,7 +126,7 @@ def test_startup_error_message_reaches_the_caller(fake_dir):
         with pytest.raises(EngineStartupError, match="no such model: /nowhere"):
             await client.start()
         assert time.monotonic() - t < 20
-        assert client._proc.poll() is not None
+        assert client.supervisor.proc.poll() is not None
 
     run(main())
 
@@ -184,7 +180,7 @@ def test_stalled_engine_is_declared_dead(fake_dir):
                 await asyncio.wait_for(_collect(client, _req("stuck", max_tokens=50)), 10)
             assert time.monotonic() - t < 3.0
             await asyncio.sleep(0.5)
-            assert client._proc.poll() is not None  # the stuck process was killed
+            assert client.supervisor.proc.poll() is not None  # the stuck process was killed
         finally:
             await client.shutdown()
 
@@ -203,7 +199,7 @@ def test_a_step_longer_than_the_stall_timeout_is_not_a_death(fake_dir):
             outs = await asyncio.wait_for(_collect(client, _req("slow", max_tokens=2)), 20)
             assert outs[-1].finish_reason == "length"
             assert client.dead_reason is None
-            assert client._proc.poll() is None
+            assert client.supervisor.proc.poll() is None
         finally:
             await client.shutdown()
 
@@ -229,7 +225,7 @@ def test_engine_exits_when_the_frontend_dies(fake_dir):
     script = f"""
 import asyncio, os, signal, sys
 from paternoster.config import EngineConfig, ModelConfig
-from paternoster.entrypoints.engine_client import EngineClient
+from paternoster.frontend.engine_client import EngineClient
 
 async def main():
     client = EngineClient(EngineConfig(ModelConfig({fake_dir.path!r})), engine_cls={FAKE_ENGINE!r})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from paternoster.engine.messages import EngineCoreOutput
-from paternoster.outputs import SequenceState, fan_out
+from paternoster.frontend.output_processor import SequenceState, fan_out
 from paternoster.sampling_params import SamplingParams
 
 
@@ -18,12 +18,12 @@ def _feed(state: SequenceState, ids: list[int], last_reason: str | None = None):
 
 
 def test_fan_out_gives_n_requests_with_consecutive_seeds():
-    reqs = fan_out("req", [1, 2], SamplingParams(n=3, seed=10, max_tokens=None), 6, 100)
+    reqs = fan_out("req", [1, 2], SamplingParams(n=3, seed=10, max_tokens=40), 6)
     assert [i for i, _ in reqs] == [6, 7, 8]
     assert [r.request_id for _, r in reqs] == ["req-6", "req-7", "req-8"]
     assert [r.sampling_params.seed for _, r in reqs] == [10, 11, 12]
     assert all(r.sampling_params.n == 1 for _, r in reqs)
-    assert all(r.sampling_params.max_tokens == 98 for _, r in reqs)  # rest of the context
+    assert all(r.sampling_params.max_tokens == 40 for _, r in reqs)
     unseeded = fan_out("u", [1], SamplingParams(n=2))
     assert [r.sampling_params.seed for _, r in unseeded] == [None, None]
 
@@ -71,11 +71,13 @@ def test_held_text_is_released_when_the_engine_finishes(tokenizer):
 
 
 def test_fan_out_carries_priority_to_every_choice():
-    from paternoster.outputs import fan_out
+    from paternoster.frontend.output_processor import fan_out
     from paternoster.sampling_params import SamplingParams
 
-    reqs = fan_out("x", [1, 2, 3], SamplingParams(n=3, seed=5), priority=7)
+    reqs = fan_out("x", [1, 2, 3], SamplingParams(n=3, seed=5), priority=7, cache_salt="t1",
+                   arrival_time=123.5)  # fmt: skip
     assert [r.priority for _, r in reqs] == [7, 7, 7]
+    assert [(r.cache_salt, r.arrival_time) for _, r in reqs] == [("t1", 123.5)] * 3
     assert [r.sampling_params.seed for _, r in reqs] == [5, 6, 7]
 
 

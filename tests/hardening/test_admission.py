@@ -25,13 +25,10 @@ import pytest
 
 from paternoster.config import EngineConfig, ModelConfig
 from paternoster.engine.messages import EngineCoreRequest
-from paternoster.entrypoints.engine_client import (
-    EngineClient,
-    EngineDeadError,
-    EngineOverloadedError,
-)
 from paternoster.entrypoints.openai.api_server import build_app
-from paternoster.entrypoints.openai.serving import Generation
+from paternoster.frontend.engine_client import EngineClient
+from paternoster.frontend.errors import EngineDeadError, EngineOverloadedError
+from paternoster.frontend.generation import Generation
 from paternoster.sampling_params import SamplingParams
 from tests.hardening.conftest import QUEUEING_ENGINE
 
@@ -212,7 +209,7 @@ def test_http_burst_in_one_loop_turn_admits_exactly_the_cap(fake_model_dir, toke
             app = build_app(client, tokenizer, "fake")
             runner = client.generate(_req("runner", [1], max_tokens=250))
             await runner.__anext__()  # it runs; the burst waits behind it
-            gate = _gate_tokenizer(app.state.serving, BURST)
+            gate = _gate_tokenizer(app.state.frontend, BURST)
             peak = {"waiting": 0, "queued": 0}
 
             async def watch() -> None:

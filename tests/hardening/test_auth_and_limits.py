@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from paternoster.entrypoints.cli import make_parser
-from paternoster.entrypoints.engine_client import EngineClient, EngineOverloadedError
+from paternoster.frontend.engine_client import EngineClient
+from paternoster.frontend.errors import EngineOverloadedError
 from tests.hardening.conftest import fake_server
 
 KEY = "sk-test-123"
@@ -45,12 +46,11 @@ def test_api_key_from_the_environment(monkeypatch):
 def test_check_capacity_counts_requests_and_tokens():
     client = EngineClient(None, max_waiting_requests=2, max_waiting_tokens=100)
     client.check_capacity(5, 500).release()  # nothing waits: even a big request is admitted
-    client._waiting.update({"a": 40, "b": 40})
-    client._waiting_tokens = 80
+    client.admission.start_waiting("a", 40, None)
+    client.admission.start_waiting("b", 40, None)
     with pytest.raises(EngineOverloadedError, match="max-waiting-requests"):
         client.check_capacity(1, 1)
-    del client._waiting["b"]
-    client._waiting_tokens = 40
+    client.admission.stop_waiting("b")
     client.check_capacity(1, 60).release()
     with pytest.raises(EngineOverloadedError, match="max-waiting-tokens"):
         client.check_capacity(1, 61)

@@ -9,12 +9,21 @@ import asyncio
 import shutil
 from pathlib import Path
 
+import msgpack
 import zmq
 
 from paternoster.config import EngineConfig, ModelConfig
-from paternoster.engine.codec import PullQueue, PushQueue, message
+from paternoster.engine.codec import MessageCodec, PullQueue, PushQueue
+from paternoster.engine.messages import (
+    LINK_VERSION,
+    Config,
+    Ready,
+    Shutdown,
+    StartupError,
+    ToEngine,
+)
 from paternoster.engine.process import _wait_for_config
-from paternoster.entrypoints.engine_client import EngineClient
+from paternoster.frontend.engine_client import EngineClient
 from tests.entrypoints.utils import REPO_ROOT
 from tests.hardening.conftest import QUEUEING_ENGINE
 
@@ -29,44 +38,48 @@ def test_engine_drops_a_config_without_the_token(tmp_path):
             s.setsockopt(zmq.LINGER, 0)
         pull.bind(f"ipc://{tmp_path}/in")
         push.connect(f"ipc://{tmp_path}/in")
-        out = PushQueue(push)
-        out.put(message("config", config={"who": "no token"}))
-        out.put(message("config", config={"who": "wrong token"}, token="f" * 32))
-        out.put(message("shutdown", token="f" * 32))  # not even a shutdown gets through
-        out.put(message("config", config={"who": "frontend"}, token=TOKEN))
-        assert _wait_for_config(PullQueue(pull), None, TOKEN) == {"who": "frontend"}
+        push.send(msgpack.packb({"v": LINK_VERSION, "type": "config", "config": {"who": "no"}}))
+        out = PushQueue(push, MessageCodec(ToEngine))
+        out.put(Config(config={"who": "wrong token"}, token="f" * 32))
+        out.put(Shutdown())  # not even a shutdown gets through before the config
+        out.put(Config(config={"who": "frontend"}, token=TOKEN))
+        assert _wait_for_config(PullQueue(pull, MessageCodec(ToEngine)), None, TOKEN) == {
+            "who": "frontend"
+        }
     finally:
         ctx.destroy(linger=0)
 
 
 class _Scripted:
-    """Stands in for both queues of an EngineClient: ``get`` returns the scripted
-    engine messages in turn, ``put`` records what the client sends."""
+    """Stands in for the supervisor's link: ``receive`` returns the scripted
+    engine messages in turn, ``send_now`` records what the frontend sends."""
 
-    def __init__(self, incoming: list[dict]):
+    def __init__(self, incoming: list):
         self.incoming = incoming
-        self.sent: list[dict] = []
+        self.sent: list = []
 
-    async def get(self) -> dict:
+    async def receive(self):
         return self.incoming.pop(0)
 
-    async def put(self, msg: dict) -> None:
+    async def send_now(self, msg) -> None:
         self.sent.append(msg)
 
 
 def test_frontend_drops_a_ready_without_the_token():
     client = EngineClient(EngineConfig(ModelConfig("unused")))
+    token = client.supervisor.token
     link = _Scripted([
-        message("ready", info={"model": "impostor"}),
-        message("startup_error", error="impostor", token="f" * 32),
-        message("ready", info={"model": "impostor"}, token="f" * 32),
-        message("ready", info={"model": "real"}, token=client._token),
+        Ready(info={"model": "impostor"}, token=""),
+        StartupError(error="impostor", token="f" * 32),
+        Ready(info={"model": "impostor"}, token="f" * 32),
+        Ready(info={"model": "real"}, token=token),
     ])  # fmt: skip
-    client._push = client._pull = link
-    assert asyncio.run(asyncio.wait_for(client._handshake(), 10)) == {"model": "real"}
+    client.supervisor.link = link
+    handshake = client.supervisor._handshake()
+    assert asyncio.run(asyncio.wait_for(handshake, 10)) == {"model": "real"}
     (config,) = link.sent
-    assert config["type"] == "config" and config["token"] == client._token
-    assert len(client._token) == 32  # 128 random bits
+    assert isinstance(config, Config) and config.token == token
+    assert len(token) == 32  # 128 random bits
 
 
 def test_token_is_in_the_engine_environment_not_its_command_line(fake_model_dir, tmp_path):
@@ -80,7 +93,7 @@ def test_token_is_in_the_engine_environment_not_its_command_line(fake_model_dir,
             proc = Path(f"/proc/{client.pid}")
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             environ = (proc / "environ").read_bytes().split(b"\0")
-            token = client._token.encode()
+            token = client.supervisor.token.encode()
             assert not any(token in arg for arg in cmdline), cmdline
             assert b"PATERNOSTER_ENGINE_TOKEN=" + token in environ
         finally:

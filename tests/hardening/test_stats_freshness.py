@@ -14,8 +14,8 @@ from contextlib import aclosing
 import httpx
 
 from paternoster.config import EngineConfig, ModelConfig
-from paternoster.engine.messages import EngineCoreRequest
-from paternoster.entrypoints.engine_client import EngineClient
+from paternoster.engine.messages import EngineCoreRequest, Heartbeat, Outputs
+from paternoster.frontend.engine_client import EngineClient
 from paternoster.sampling_params import SamplingParams
 from tests.hardening.conftest import QUEUEING_ENGINE, fake_server
 
@@ -76,12 +76,10 @@ def test_outputs_messages_refresh_stats_without_heartbeats(fake_model_dir, tmp_p
 
 def test_an_older_snapshot_never_replaces_a_newer_one():
     client = EngineClient(None)
-    client._take_stats({"type": "outputs", "stats": {"num_running": 3}, "stats_time": 10.0})
-    client._take_stats({"type": "heartbeat", "stats": {"num_running": 5}, "stats_time": 9.5})
+    client._on_outputs(Outputs(outputs=[], stats={"num_running": 3}, stats_time=10.0))
+    client._on_heartbeat(Heartbeat(stats={"num_running": 5}, stats_time=9.5))
     assert client.stats == {"num_running": 3}
-    client._take_stats({"type": "heartbeat", "stats": {"num_running": 0}, "stats_time": 10.0})
+    client._on_heartbeat(Heartbeat(stats={"num_running": 0}, stats_time=10.0))
     assert client.stats == {"num_running": 0}  # the same snapshot again is fine
-    client._take_stats({"type": "outputs", "outputs": []})  # no stats: kept
-    assert client.stats == {"num_running": 0}
-    client._take_stats({"type": "heartbeat", "stats": {"num_running": 2}, "stats_time": 11})
+    client._on_heartbeat(Heartbeat(stats={"num_running": 2}, stats_time=11))
     assert client.stats == {"num_running": 2}

@@ -105,14 +105,28 @@ def test_counts_add_up_after_a_known_workload(fake_server):
     assert value(after, P + "num_requests_waiting") == 0
 
 
-def test_n_choices_count_the_prompt_per_choice(fake_server):
+def test_n_choices_count_one_request_and_the_prompt_once(fake_server):
+    """vLLM counts API requests: n=3 is one request, its prompt counted once,
+    every choice's tokens generated."""
     url = fake_server.url
     before = _wait_idle(url)
     r = _complete(url, prompt=[5, 6, 7, 8], max_tokens=2, n=3)
     after = _wait_idle(url)
-    assert delta(after, before, P + "prompt_tokens_total") == 3 * 4
-    assert delta(after, before, P + "generation_tokens_total") == r["usage"]["completion_tokens"]
-    assert delta(after, before, P + "request_success_total", finished_reason="length") == 3
+    assert r["usage"]["completion_tokens"] == 3 * 2
+    assert delta(after, before, P + "prompt_tokens_total") == 4
+    assert delta(after, before, P + "generation_tokens_total") == 3 * 2
+    assert delta(after, before, P + "request_success_total", finished_reason="length") == 1
+    assert delta(after, before, P + "e2e_request_latency_seconds_count") == 1
+    assert delta(after, before, P + "time_to_first_token_seconds_count") == 1
+
+
+def test_several_prompts_are_one_request(fake_server):
+    url = fake_server.url
+    before = _wait_idle(url)
+    _complete(url, prompt=[[5, 6, 7], [8, 9]], max_tokens=2)
+    after = _wait_idle(url)
+    assert delta(after, before, P + "prompt_tokens_total") == 5
+    assert delta(after, before, P + "request_success_total", finished_reason="length") == 1
 
 
 def test_running_gauge_sees_a_live_request(fake_server):

@@ -272,32 +272,35 @@ class _Outbox:
     """An engine loop's output queue that refuses frames over ``limit`` bytes."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.sent: list[dict] = []
+        from paternoster.engine.codec import MessageCodec
+        from paternoster.engine.messages import FromEngine
 
-    def put(self, msg: dict) -> None:
-        from paternoster.engine.codec import encode
+        self.codec = MessageCodec(FromEngine, max_frame_bytes=limit)
+        self.sent: list = []
 
-        encode(msg, self.limit)
+    def put(self, msg) -> None:
+        self.codec.encode(msg)
         self.sent.append(msg)
 
 
 def test_engine_loop_answers_timeline_requests_within_the_frame_limit(model_dir):
-    from paternoster.engine.codec import encode, message
+    from paternoster.engine.codec import MessageCodec
+    from paternoster.engine.messages import FromEngine, TimelineQuery, TimelineReply
     from paternoster.engine.process import EngineLoop
 
     engine = make_engine(model_dir, TimelineConfig(size=64))
     run_requests(engine, [5, 23, 40, 9], max_tokens=6)
-    full = len(encode(message("timeline", id=1, timeline=engine.timeline_snapshot())))
+    whole = TimelineReply(id=1, timeline=engine.timeline_snapshot())
+    full = len(MessageCodec(FromEngine).encode(whole))
     out = _Outbox(limit=full // 3)
-    EngineLoop(engine, None, out, None)._handle(message("timeline", id=7))
+    EngineLoop(engine, None, out, None)._handle(TimelineQuery(id=7))
     (reply,) = out.sent
-    snap = reply["timeline"]
-    assert reply["type"] == "timeline" and reply["id"] == 7 and reply["error"] is None
+    snap = reply.timeline
+    assert isinstance(reply, TimelineReply) and reply.id == 7 and reply.error is None
     assert 0 < len(snap["steps"]) < engine.timeline.num_steps
     assert snap["num_steps_dropped"] == snap["num_steps_total"] - len(snap["steps"])
     assert snap["steps"][-1]["step"] == engine.stats()["num_steps"] - 1  # the newest kept
 
     off = _Outbox(limit=1 << 20)
-    EngineLoop(make_engine(model_dir), None, off, None)._handle(message("timeline", id=8))
-    assert off.sent[0]["timeline"] is None and "--timeline-size" in off.sent[0]["error"]
+    EngineLoop(make_engine(model_dir), None, off, None)._handle(TimelineQuery(id=8))
+    assert off.sent[0].timeline is None and "--timeline-size" in off.sent[0].error

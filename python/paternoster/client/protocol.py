@@ -10,7 +10,10 @@ no pickle, no msgpack ext types.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+from paternoster.sampling_params import SamplingParams
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -54,13 +57,11 @@ ERROR_CODES = (
     SLOW_CLIENT, INTERNAL,
 )  # fmt: skip
 
-# The fields of a generate message's "sampling" map (all optional).
-SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
-    "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-    "logit_bias", "logprobs", "prompt_logprobs", "include_stop_str_in_output",
-    "skip_special_tokens",
-)  # fmt: skip
+DEFAULT_MAX_TOKENS = 16  # a generate without sampling.max_tokens (capped by the context)
+
+# The fields of a generate message's "sampling" map (all optional): every
+# SamplingParams field but n (one request, one sequence).
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams) if f.name != "n")
 
 
 def message(type_: str, **fields: Any) -> dict:

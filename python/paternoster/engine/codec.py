@@ -6,7 +6,11 @@ Nothing is ever pickled. Decoding checks the frame size *before* parsing and
 turns every kind of malformed frame into :class:`CodecError`, so a bad peer can
 make us drop a message but never crash a loop.
 
-The queues wrap a socket so that the rest of the code sends and receives maps,
+Two levels: :func:`encode` / :func:`decode` handle plain maps (the Python
+clients of the public protocol use them); :class:`MessageCodec` encodes the
+engine link's msgspec Structs once and decodes a frame straight into the
+struct its ``"type"`` names (:mod:`paternoster.engine.messages`). The queues
+wrap a socket so that the rest of the code sends and receives typed messages,
 never bytes (after mini-sglang's ``PushQueue``/``PullQueue``).
 """
 
@@ -16,8 +20,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgpack
+import msgspec
 import zmq
 import zmq.asyncio
+
+from paternoster.engine.messages import LINK_VERSION
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -25,7 +32,12 @@ DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 class CodecError(ValueError):
     """A frame that is not a valid Paternoster message (garbage, truncated,
-    oversized, not a map, non-string keys, ext types, wrong version)."""
+    oversized, not a map, non-string keys, ext types, wrong version, a field
+    of the wrong type). ``frame`` holds the refused frame when a typed decode
+    failed on a well-sized one (to salvage an id for an error reply), else
+    ``None``."""
+
+    frame: bytes | None = None
 
 
 def _reject_ext(code: int, data: bytes) -> Any:
@@ -136,56 +148,109 @@ def message_type(msg: Mapping[str, Any]) -> str:
     return t
 
 
+class MessageCodec:
+    """Encodes link messages (msgspec Structs) and decodes frames into them.
+
+    Args:
+        decodes: the message type, or a ``Union`` of tagged message types,
+            that :meth:`decode` accepts (e.g. :data:`~paternoster.engine.messages.ToEngine`).
+        max_frame_bytes: the largest frame either direction handles.
+    """
+
+    def __init__(self, decodes: Any, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+        self.max_frame_bytes = max_frame_bytes
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
+        self._decoder = msgspec.msgpack.Decoder(decodes)
+
+    def encode(self, msg: msgspec.Struct) -> bytes:
+        """One frame for ``msg``.
+
+        Raises:
+            CodecError: a value msgpack cannot hold, or a frame over
+                ``max_frame_bytes``.
+        """
+        try:
+            frame = self._encoder.encode(msg)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise CodecError(f"cannot encode message: {e}") from e
+        if len(frame) > self.max_frame_bytes:
+            raise CodecError(
+                f"encoded message is {len(frame)} bytes, over the {self.max_frame_bytes} limit"
+            )
+        return frame
+
+    def decode(self, frame: bytes | memoryview) -> Any:
+        """The typed message in ``frame``.
+
+        Raises:
+            CodecError: oversized (checked before parsing), not valid msgpack,
+                an unknown ``"type"``, a field missing or of the wrong type, or
+                another link version.
+        """
+        if len(frame) > self.max_frame_bytes:
+            raise CodecError(f"frame is {len(frame)} bytes, over the {self.max_frame_bytes} limit")
+        try:
+            msg = self._decoder.decode(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            error = CodecError(f"malformed message: {e}")
+            error.frame = bytes(frame)
+            raise error from e
+        version = getattr(msg, "v", None)
+        if version != LINK_VERSION:
+            raise CodecError(f"engine link version {version!r}, expected {LINK_VERSION}")
+        return msg
+
+
 class PushQueue:
-    """Sends message maps on a blocking ZeroMQ PUSH socket.
+    """Sends typed messages on a blocking ZeroMQ PUSH socket.
 
     Args:
         socket: a connected or bound ``zmq.PUSH`` socket (not asyncio).
-        max_frame_bytes: largest frame :meth:`put` will send.
+        codec: encodes what :meth:`put` sends.
     """
 
-    def __init__(self, socket: zmq.Socket, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+    def __init__(self, socket: zmq.Socket, codec: MessageCodec):
         self.socket = socket
-        self.max_frame_bytes = max_frame_bytes
+        self.codec = codec
 
-    def put(self, msg: Mapping[str, Any]) -> None:
+    def put(self, msg: msgspec.Struct) -> None:
         """Encode and send one message (blocks while the peer's queue is full).
 
         Raises:
             CodecError: the message cannot be encoded.
             zmq.ZMQError: the socket failed.
         """
-        self.socket.send(encode(msg, self.max_frame_bytes), copy=False)
+        self.socket.send(self.codec.encode(msg), copy=False)
 
 
 class PullQueue:
-    """Receives message maps from a blocking ZeroMQ PULL socket.
+    """Receives typed messages from a blocking ZeroMQ PULL socket.
 
     Args:
         socket: a ``zmq.PULL`` socket (not asyncio).
-        max_frame_bytes: frames above this are rejected (also set as the
-            socket's ``MAXMSGSIZE`` so ZeroMQ drops them early).
+        codec: decodes what arrives (frames over its ``max_frame_bytes`` are
+            also dropped early by ZeroMQ's ``MAXMSGSIZE``).
     """
 
-    def __init__(self, socket: zmq.Socket, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+    def __init__(self, socket: zmq.Socket, codec: MessageCodec):
         self.socket = socket
-        self.max_frame_bytes = max_frame_bytes
-        socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self.codec = codec
+        socket.setsockopt(zmq.MAXMSGSIZE, codec.max_frame_bytes)
 
     def poll(self, timeout_ms: int) -> bool:
         """True when a frame is ready within ``timeout_ms`` milliseconds (0: don't wait)."""
         return bool(self.socket.poll(timeout_ms, zmq.POLLIN))
 
-    def get(self) -> dict:
+    def get(self) -> Any:
         """Receive and decode one message (blocks until one arrives).
 
         Raises:
             CodecError: the frame was malformed (the frame is consumed).
         """
         frame = self.socket.recv(copy=False)
-        return decode(frame.buffer, self.max_frame_bytes)
+        return self.codec.decode(frame.buffer)
 
-    def get_nowait(self) -> dict | None:
+    def get_nowait(self) -> Any | None:
         """One message if a frame is already waiting, else ``None``.
 
         Raises:
@@ -195,38 +260,38 @@ class PullQueue:
             frame = self.socket.recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return None
-        return decode(frame.buffer, self.max_frame_bytes)
+        return self.codec.decode(frame.buffer)
 
 
 class AsyncPushQueue:
     """:class:`PushQueue` for a ``zmq.asyncio`` PUSH socket."""
 
-    def __init__(self, socket: zmq.asyncio.Socket, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+    def __init__(self, socket: zmq.asyncio.Socket, codec: MessageCodec):
         self.socket = socket
-        self.max_frame_bytes = max_frame_bytes
+        self.codec = codec
 
-    async def put(self, msg: Mapping[str, Any]) -> None:
+    async def put(self, msg: msgspec.Struct) -> None:
         """Encode and send one message.
 
         Raises:
             CodecError: the message cannot be encoded.
         """
-        await self.socket.send(encode(msg, self.max_frame_bytes), copy=False)
+        await self.socket.send(self.codec.encode(msg), copy=False)
 
 
 class AsyncPullQueue:
     """:class:`PullQueue` for a ``zmq.asyncio`` PULL socket."""
 
-    def __init__(self, socket: zmq.asyncio.Socket, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+    def __init__(self, socket: zmq.asyncio.Socket, codec: MessageCodec):
         self.socket = socket
-        self.max_frame_bytes = max_frame_bytes
-        socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self.codec = codec
+        socket.setsockopt(zmq.MAXMSGSIZE, codec.max_frame_bytes)
 
-    async def get(self) -> dict:
+    async def get(self) -> Any:
         """Receive and decode one message.
 
         Raises:
             CodecError: the frame was malformed (the frame is consumed).
         """
         frame = await self.socket.recv(copy=False)
-        return decode(frame.buffer, self.max_frame_bytes)
+        return self.codec.decode(frame.buffer)

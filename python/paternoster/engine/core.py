@@ -19,6 +19,7 @@ from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
 from paternoster.logprobs import Logprobs
 from paternoster.metrics.timeline import TimelineRecorder
 from paternoster.model.interface import ModelInput, ModelRunnerOutput, PromptChunk, Runner
+from paternoster.model.runner import ModelRunner
 from paternoster.request import Request
 from paternoster.scheduling.output import SchedulerOutput
 from paternoster.scheduling.registry import load_scheduler_class
@@ -92,8 +93,6 @@ class EngineCore:
         self.config = config
         self._clock = clock
         if model_runner is None:
-            from paternoster.model.runner import ModelRunner
-
             model_runner = ModelRunner(
                 config.model, config.cache, max_num_seqs=config.scheduler.max_num_seqs,
                 max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
@@ -151,13 +150,20 @@ class EngineCore:
 
     # --------------------------------------------------------------- requests
 
+    def _arrival(self, request: EngineCoreRequest) -> float:
+        """``request.arrival_time`` (Unix s) on the engine clock, never in the future."""
+        return self._clock() - max(0.0, time.time() - request.arrival_time)
+
     def add_request(self, request: EngineCoreRequest, *, arrival_time: float | None = None) -> None:
         """Queue a tokenized request.
 
         Args:
             request: the request.
             arrival_time: when it arrived, in the engine clock's seconds;
-                default now. (The simulator passes the trace's times.)
+                default: ``request.arrival_time`` (wall clock, set by the
+                frontend) on this clock, so queue times and arrival order
+                include the time the request spent in the frontend and on the
+                link. (The simulator passes the trace's times.)
         Raises:
             ValueError: empty prompt, token id (prompt or ``logit_bias``) outside
                 the vocabulary, ``n != 1``,
@@ -191,8 +197,9 @@ class EngineCore:
             prompt_token_ids=list(ids),
             sampling_params=params,
             eos_token_id=self.runner.eos_token_id,
-            arrival_time=self._clock() if arrival_time is None else arrival_time,
+            arrival_time=self._arrival(request) if arrival_time is None else arrival_time,
             priority=request.priority,
+            cache_salt=request.cache_salt,
             max_tokens=params.max_tokens if params.max_tokens is not None else room,
         )
         self.scheduler.add_request(req)

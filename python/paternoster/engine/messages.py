@@ -1,65 +1,59 @@
-"""Messages between the frontend and the EngineCore (in-process or over ZMQ).
+"""The typed messages between the frontend and the engine process.
 
-On the ZMQ link each message is a msgpack map; :func:`to_wire` / :func:`from_wire`
-convert. Nothing is pickled.
+Every message is one msgspec Struct: its definition is the schema, the
+validation and the codec (after vLLM v1's ``EngineCoreRequest`` /
+``EngineCoreOutputs``). On the ZeroMQ link each travels as one msgpack map
+whose ``"type"`` names the struct (msgspec's tagged unions), decoded straight
+into the struct of that type by :class:`paternoster.engine.codec.MessageDecoder`
+(wrong types, missing fields and unknown types are refused, never half
+decoded) and encoded once. Nothing is pickled. docs/protocol.md ("Engine
+link") lists them.
+
+Direction: :data:`ToEngine` messages go frontend -> engine, :data:`FromEngine`
+messages engine -> frontend.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from typing import Any, Union
+
+import msgspec
 
 from paternoster.logprobs import Logprobs
 from paternoster.sampling_params import SamplingParams
 
+LINK_VERSION = 2
+"""Version of the engine link's messages (both ends come from one install;
+a mismatch means a stale engine process and is refused)."""
 
-@dataclass
-class EngineCoreRequest:
+
+class EngineCoreRequest(msgspec.Struct):
     """A tokenized request for the engine.
 
     Attributes:
-        request_id: unique id among live requests (str).
-        prompt_token_ids: prompt tokens, list of int (non-empty).
+        request_id: unique id among live requests.
+        prompt_token_ids: prompt tokens (non-empty).
         sampling_params: sampling and stop settings (``n`` must be 1 here; the
-            frontend fans out ``n > 1``).
-        arrival_time: ``time.time()`` seconds at the frontend.
-        priority: lower runs first.
+            frontend fans out ``n > 1``; ``max_tokens`` set).
+        arrival_time: ``time.time()`` seconds when the request reached the
+            frontend (wall clock: it stays meaningful across processes and
+            hosts); the engine orders and times the request from it.
+        priority: lower runs first (``priority`` scheduler).
+        cache_salt: isolates the request's prefix-cache blocks: blocks are
+            shared only between requests with the same salt (vLLM's
+            ``cache_salt``); ``None``: no salt.
     """
 
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    arrival_time: float = field(default_factory=time.time)
+    arrival_time: float = msgspec.field(default_factory=time.time)
     priority: int = 0
-
-    def to_wire(self) -> dict:
-        return {
-            "request_id": self.request_id,
-            "prompt_token_ids": list(self.prompt_token_ids),
-            "sampling_params": self.sampling_params.to_dict(),
-            "arrival_time": self.arrival_time,
-            "priority": self.priority,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict) -> EngineCoreRequest:
-        """Decode a wire map. Raises ValueError/TypeError/KeyError on a bad map."""
-        ids = d["prompt_token_ids"]
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-            raise ValueError("prompt_token_ids must be a list of int")
-        if not isinstance(d["request_id"], str):
-            raise ValueError("request_id must be a string")
-        return cls(
-            request_id=d["request_id"],
-            prompt_token_ids=ids,
-            sampling_params=SamplingParams.from_dict(d["sampling_params"]),
-            arrival_time=float(d.get("arrival_time", time.time())),
-            priority=int(d.get("priority", 0)),
-        )
+    cache_salt: str | None = None
 
 
-@dataclass(slots=True)
-class EngineCoreOutput:
+class EngineCoreOutput(msgspec.Struct, omit_defaults=True):
     """New tokens for one request from one engine step.
 
     Attributes:
@@ -70,15 +64,13 @@ class EngineCoreOutput:
         stop_reason: the stop token id that ended it, if any.
         error: message when ``finish_reason == "error"``.
         num_prompt_tokens: prompt length in tokens (for usage).
-        queue_time: seconds from the request's arrival at the engine to the
-            step that first scheduled it; set on the request's first output
-            after that step only, ``None`` elsewhere (and omitted on the wire).
+        queue_time: seconds from the request's arrival to the step that first
+            scheduled it; on the request's first output after that step only.
         logprobs: log-probabilities of ``new_token_ids`` (one position per
-            token) when the request asked for ``logprobs``; else ``None``
-            (omitted on the wire).
+            token) when the request asked for ``logprobs``; else ``None``.
         prompt_logprobs: log-probabilities of prompt tokens ``1..P-1`` when the
             request asked for ``prompt_logprobs``; on its first output with a
-            token only, else ``None`` (omitted on the wire).
+            token only, else ``None``.
     """
 
     request_id: str
@@ -93,39 +85,133 @@ class EngineCoreOutput:
 
     @property
     def finished(self) -> bool:
+        """True on the request's last output."""
         return self.finish_reason is not None
 
-    def to_wire(self) -> dict:
-        wire = {
-            "request_id": self.request_id,
-            "new_token_ids": self.new_token_ids,
-            "finish_reason": self.finish_reason,
-            "stop_reason": self.stop_reason,
-            "error": self.error,
-            "num_prompt_tokens": self.num_prompt_tokens,
-        }
-        if self.queue_time is not None:
-            wire["queue_time"] = self.queue_time
-        if self.logprobs is not None:
-            wire["logprobs"] = self.logprobs.to_wire()
-        if self.prompt_logprobs is not None:
-            wire["prompt_logprobs"] = self.prompt_logprobs.to_wire()
-        return wire
 
-    @classmethod
-    def from_wire(cls, d: dict) -> EngineCoreOutput:
-        """Decode a wire map; unknown keys (from a newer engine) are ignored.
+class _Message(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """Base of the link messages: ``"type"`` is the tag, ``v`` the link version."""
 
-        Raises:
-            TypeError: a required key is missing.
-            ValueError: malformed ``logprobs`` or ``prompt_logprobs``.
-        """
-        out = cls(**{k: v for k, v in d.items() if k in _OUTPUT_FIELDS})
-        if out.logprobs is not None:
-            out.logprobs = Logprobs.from_wire(out.logprobs)
-        if out.prompt_logprobs is not None:
-            out.prompt_logprobs = Logprobs.from_wire(out.prompt_logprobs)
-        return out
+    v: int = LINK_VERSION
 
 
-_OUTPUT_FIELDS = frozenset(f.name for f in fields(EngineCoreOutput))
+# ---------------------------------------------------------------- to the engine
+
+
+class Config(_Message, tag="config"):
+    """The first message: the engine's configuration (``EngineConfig.to_dict()``)
+    and the handshake token the engine must echo."""
+
+    config: dict[str, Any]
+    token: str
+
+
+class Add(_Message, tag="add"):
+    """Queue one request."""
+
+    request: EngineCoreRequest
+
+
+class Abort(_Message, tag="abort"):
+    """Abort requests (unknown ids are ignored); each live one gets a final
+    output with ``finish_reason="abort"``."""
+
+    request_ids: list[str]
+
+
+class Shutdown(_Message, tag="shutdown"):
+    """Exit the engine loop."""
+
+
+class ResetPrefixCache(_Message, tag="reset_prefix_cache"):
+    """Forget every cached KV block (running requests keep theirs); answered by
+    :class:`ResetPrefixCacheReply` with the same ``id``."""
+
+    id: int
+
+
+class TimelineQuery(_Message, tag="timeline"):
+    """Ask for the request timeline; answered by :class:`TimelineReply`."""
+
+    id: int
+
+
+ToEngine = Union[Config, Add, Abort, Shutdown, ResetPrefixCache, TimelineQuery]  # noqa: UP007
+
+
+# --------------------------------------------------------------- from the engine
+
+
+class Ready(_Message, tag="ready"):
+    """The engine is built: its ``EngineCore.info`` and the handshake token."""
+
+    info: dict[str, Any]
+    token: str
+
+
+class StartupError(_Message, tag="startup_error"):
+    """Building the engine failed; the process exits 1."""
+
+    error: str
+    token: str | None = None
+
+
+class Outputs(_Message, tag="outputs"):
+    """One step's outputs (plus the final outputs of aborted or rejected
+    requests).
+
+    Attributes:
+        outputs: per request, what the step added.
+        iteration_tokens: tokens each step since the previous message computed.
+        stats: ``EngineCore.stats()`` just before sending.
+        stats_time: ``time.monotonic()`` of ``stats`` (seconds).
+    """
+
+    outputs: list[EngineCoreOutput]
+    iteration_tokens: list[int] = msgspec.field(default_factory=list)
+    stats: dict[str, Any] = msgspec.field(default_factory=dict)
+    stats_time: float = 0.0
+
+
+class Heartbeat(_Message, tag="heartbeat"):
+    """Sent every heartbeat interval from a thread of its own, busy or idle.
+
+    Attributes:
+        stats: the latest stats snapshot.
+        stats_time: its ``time.monotonic()`` (the frontend keeps the newest).
+        time: ``time.time()`` when sent.
+        step_started: ``time.time()`` at which the running step began
+            (``None`` between steps).
+    """
+
+    stats: dict[str, Any] = msgspec.field(default_factory=dict)
+    stats_time: float = 0.0
+    time: float = 0.0
+    step_started: float | None = None
+
+
+class ResetPrefixCacheReply(_Message, tag="reset_prefix_cache"):
+    """Blocks uncached, or ``error`` (then ``num_blocks`` is ``None``)."""
+
+    id: int
+    num_blocks: int | None = None
+    error: str | None = None
+
+
+class TimelineReply(_Message, tag="timeline"):
+    """The timeline snapshot, or ``error`` when the engine keeps none."""
+
+    id: int
+    timeline: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class Fatal(_Message, tag="fatal"):
+    """``step()`` raised; the process exits 1."""
+
+    error: str
+
+
+FromEngine = Union[  # noqa: UP007
+    Ready, StartupError, Outputs, Heartbeat, ResetPrefixCacheReply, TimelineReply, Fatal
+]

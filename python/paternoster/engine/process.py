@@ -1,51 +1,23 @@
 """The engine process: an EngineCore behind two ZeroMQ sockets.
 
 Run as ``python -m paternoster.engine.process --input ADDR --output ADDR
---parent-pid PID`` (the frontend's :class:`~paternoster.entrypoints.engine_client.EngineClient`
+--parent-pid PID`` (the frontend's :class:`~paternoster.frontend.engine_client.EngineClient`
 does this). The frontend binds both sockets; this process connects.
 
-Protocol (msgpack maps, see :mod:`paternoster.engine.codec`; docs/protocol.md):
+Protocol: the typed messages of :mod:`paternoster.engine.messages` (``ToEngine``
+in, ``FromEngine`` out; docs/protocol.md, "Engine link"). ``Config`` comes
+first; when ``PATERNOSTER_ENGINE_TOKEN`` is set, a ``Config`` whose token
+differs is dropped. Then ``Ready`` (or ``StartupError`` and exit 1); one
+``Outputs`` per step that produced outputs or ran a forward pass (plus the
+final outputs of aborted or rejected requests), carrying the stats snapshot
+taken just before it is sent (about 2 µs a step); a ``Heartbeat`` every
+``heartbeat_interval`` seconds from a thread of its own on a second PUSH
+socket, so a step longer than the frontend's stall timeout does not make a
+healthy engine look stalled; ``Fatal`` when ``step()`` raised (exit 1).
 
-- in ``config``   ``{"config": EngineConfig.to_dict(), "token": str}`` — the first
-  message. When ``PATERNOSTER_ENGINE_TOKEN`` is set, a ``config`` whose token
-  differs is dropped (logged, not echoed).
-- out ``ready``   ``{"info": EngineCore.info, "token": str}`` — once the engine is built.
-- out ``startup_error`` ``{"error": str, "token": str}`` — building failed; the
-  process exits 1.
-- in ``add``      ``{"request": EngineCoreRequest.to_wire()}``
-- in ``abort``    ``{"request_ids": [str]}``
-- in ``shutdown`` ``{}``
-- in ``reset_prefix_cache`` ``{"id": int}`` — forget every cached KV block;
-  out ``reset_prefix_cache`` ``{"id": int, "num_blocks": int | None, "error": str | None}``
-  — the reply, between two steps: blocks uncached (running requests keep theirs).
-- in ``timeline`` ``{"id": int}`` — asks for the request timeline.
-- out ``timeline`` ``{"id": int, "timeline": dict | None, "error": str | None}`` — the
-  reply: ``EngineCore.timeline_snapshot()`` (its newer steps and requests only
-  when the whole exceeds a frame; ``None`` with ``error`` set when timelines
-  are off or the engine keeps none).
-- out ``outputs`` ``{"outputs": [EngineCoreOutput.to_wire()], "iteration_tokens": [int],
-  "stats": EngineCore.stats(), "stats_time": float}``
-  — one per step that produced outputs or ran a forward pass, plus the final
-  outputs of aborted or rejected requests; ``iteration_tokens`` lists the
-  tokens each step since the previous message computed (for metrics);
-  ``stats`` is a snapshot taken just before the message is sent (after the
-  step and the aborts it carries), ``stats_time`` its ``time.monotonic()``
-  (seconds), so the frontend's counters are as fresh as the outputs (as vLLM's
-  scheduler stats ride along with each step's outputs). About 2 µs a step.
-- out ``heartbeat`` ``{"stats": EngineCore.stats(), "stats_time": float, "time": float,
-  "step_started": float | None}``
-  — every ``heartbeat_interval`` seconds, idle or busy, from a thread of its own
-  on a second PUSH socket, so a step that runs longer than the frontend's stall
-  timeout (a long prompt prefilled in one step) does not make a healthy engine
-  look dead; ``stats`` is the latest snapshot (the one of the latest
-  ``outputs``, or newer), ``stats_time`` its ``time.monotonic()``: the two
-  sockets do not keep order between them, so the frontend keeps the snapshot
-  with the larger ``stats_time``; ``step_started`` is the ``time.time()`` at
-  which the step now running began (``None`` between steps).
-- out ``fatal``   ``{"error": str}`` — ``step()`` raised; the process exits 1.
-
-A rejected ``add`` (``EngineCore.add_request`` raised ``ValueError``) becomes an
-output with ``finish_reason="error"`` and the message in ``error``.
+A rejected ``Add`` (undecodable, or ``EngineCore.add_request`` raised
+``ValueError``) becomes an output with ``finish_reason="error"`` and the
+message in ``error``.
 """
 
 from __future__ import annotations
@@ -63,9 +35,28 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import zmq
 
-from paternoster.engine.codec import CodecError, PullQueue, PushQueue, message, message_type
+from paternoster.engine.codec import CodecError, MessageCodec, PullQueue, PushQueue
+from paternoster.engine.messages import (
+    Abort,
+    Add,
+    Config,
+    EngineCoreOutput,
+    Fatal,
+    FromEngine,
+    Heartbeat,
+    Outputs,
+    Ready,
+    ResetPrefixCache,
+    ResetPrefixCacheReply,
+    Shutdown,
+    StartupError,
+    TimelineQuery,
+    TimelineReply,
+    ToEngine,
+)
 
 logger = logging.getLogger("paternoster.engine")
 
@@ -88,15 +79,26 @@ def load_engine_cls(path: str) -> type:
     return getattr(importlib.import_module(module_name), attr)
 
 
-def _error_output(request_id: str, error: str) -> dict:
-    return {
-        "request_id": request_id,
-        "new_token_ids": [],
-        "finish_reason": "error",
-        "stop_reason": None,
-        "error": error,
-        "num_prompt_tokens": 0,
-    }
+def _error_output(request_id: str, error: str) -> EngineCoreOutput:
+    return EngineCoreOutput(request_id, [], finish_reason="error", error=error)
+
+
+class _RequestId(msgspec.Struct):
+    request_id: str
+
+
+class _AddedId(msgspec.Struct, tag_field="type", tag="add"):
+    request: _RequestId
+
+
+def _salvage_request_id(frame: bytes | None) -> str | None:
+    """The request id of an ``Add`` frame that failed to decode, if it has one."""
+    if frame is None:
+        return None
+    try:
+        return msgspec.msgpack.decode(frame, type=_AddedId).request.request_id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 class EngineLoop:
@@ -128,7 +130,7 @@ class EngineLoop:
         self.outputs = outputs
         self.parent_pid = parent_pid
         self.heartbeat_interval = heartbeat_interval
-        self._pending: list[dict] = []
+        self._pending: list[EngineCoreOutput] = []
         self._iteration_tokens: list[int] = []
         self._shutdown = False
         self._last_beat = 0.0
@@ -170,7 +172,7 @@ class EngineLoop:
             if self.engine.has_unfinished_requests():
                 self._step_started = time.time()
                 try:
-                    self._pending.extend(o.to_wire() for o in self.engine.step())
+                    self._pending.extend(self.engine.step())
                 finally:
                     self._step_started = None
                 self._iteration_tokens.extend(self._pop_iteration_tokens())
@@ -178,8 +180,8 @@ class EngineLoop:
                 pending, self._pending = self._pending, []
                 tokens, self._iteration_tokens = self._iteration_tokens, []
                 at, stats = self._snapshot_stats()
-                out = message("outputs", outputs=pending, iteration_tokens=tokens,
-                              stats=stats, stats_time=at)
+                out = Outputs(outputs=pending, iteration_tokens=tokens, stats=stats,
+                              stats_time=at)
                 if not self._put(out):
                     return
             now = time.monotonic()
@@ -188,8 +190,7 @@ class EngineLoop:
                 at, stats = self._snapshot_stats()
                 if threaded_beats:
                     continue
-                beat = message("heartbeat", stats=stats, stats_time=at, time=time.time(),
-                               step_started=None)
+                beat = Heartbeat(stats=stats, stats_time=at, time=time.time())
                 if not self._parent_alive() or not self._put(beat):
                     logger.warning("frontend process is gone; engine exiting")
                     return
@@ -204,8 +205,8 @@ class EngineLoop:
                     self._parent_gone.set()
                     return
                 at, stats = self._stats
-                beat = message("heartbeat", stats=stats, stats_time=at, time=time.time(),
-                               step_started=self._step_started)
+                beat = Heartbeat(stats=stats, stats_time=at, time=time.time(),
+                                 step_started=self._step_started)
                 try:
                     queue.put(beat)
                 except zmq.Again:  # the frontend is not reading; the next beat retries
@@ -232,7 +233,7 @@ class EngineLoop:
     def _parent_alive(self) -> bool:
         return self.parent_pid is None or os.getppid() == self.parent_pid
 
-    def _put(self, msg: dict) -> bool:
+    def _put(self, msg: FromEngine) -> bool:
         """Send, retrying while the frontend is alive. False when it is gone."""
         while True:
             try:
@@ -250,52 +251,40 @@ class EngineLoop:
             try:
                 msg = self.inputs.get_nowait()
             except CodecError as e:
-                logger.error("dropping malformed frame: %s", e)
+                rid = _salvage_request_id(e.frame)
+                if rid is not None:
+                    self._pending.append(_error_output(rid, str(e)))
+                else:
+                    logger.error("dropping malformed frame: %s", e)
                 continue
             if msg is None:
                 return
             self._handle(msg)
 
-    def _handle(self, msg: dict) -> None:
-        from paternoster.engine.messages import EngineCoreRequest
-
-        try:
-            kind = message_type(msg)
-        except CodecError as e:
-            logger.error("dropping message: %s", e)
-            return
-        if kind == "add":
-            raw = msg.get("request")
-            rid = raw.get("request_id") if isinstance(raw, dict) else None
+    def _handle(self, msg: ToEngine) -> None:
+        if isinstance(msg, Add):
             try:
-                request = EngineCoreRequest.from_wire(raw)
-                self.engine.add_request(request)
-            except (ValueError, TypeError, KeyError) as e:
-                if isinstance(rid, str):
-                    self._pending.append(_error_output(rid, str(e) or type(e).__name__))
-                else:
-                    logger.error("dropping add without a request_id: %s", e)
-        elif kind == "abort":
-            ids = msg.get("request_ids")
-            if isinstance(ids, list):
-                ids = [i for i in ids if isinstance(i, str)]
-                self._pending.extend(o.to_wire() for o in self.engine.abort_requests(ids))
-        elif kind == "shutdown":
+                self.engine.add_request(msg.request)
+            except ValueError as e:
+                self._pending.append(_error_output(msg.request.request_id,
+                                                   str(e) or type(e).__name__))  # fmt: skip
+        elif isinstance(msg, Abort):
+            self._pending.extend(self.engine.abort_requests(msg.request_ids))
+        elif isinstance(msg, Shutdown):
             self._shutdown = True
-        elif kind == "timeline":
-            self._reply_timeline(msg.get("id"))
-        elif kind == "reset_prefix_cache":
+        elif isinstance(msg, TimelineQuery):
+            self._reply_timeline(msg.id)
+        elif isinstance(msg, ResetPrefixCache):
             reset = getattr(self.engine, "reset_prefix_cache", None)
             if reset is None:
-                self._put(message("reset_prefix_cache", id=msg.get("id"), num_blocks=None,
-                                  error="this engine has no prefix cache"))
+                reply = ResetPrefixCacheReply(id=msg.id, error="this engine has no prefix cache")
             else:
-                self._put(message("reset_prefix_cache", id=msg.get("id"),
-                                  num_blocks=int(reset()), error=None))
+                reply = ResetPrefixCacheReply(id=msg.id, num_blocks=int(reset()))
+            self._put(reply)
         else:
-            logger.error("dropping message of unknown type %r", kind)
+            logger.error("dropping an unexpected %s message", type(msg).__name__)
 
-    def _reply_timeline(self, request_id: object) -> None:
+    def _reply_timeline(self, request_id: int) -> None:
         """Answer a ``timeline`` request with the engine's snapshot (its newer half,
         quarter... when the whole does not fit one frame), or with an error."""
         from paternoster.metrics.timeline import shrink_snapshot
@@ -304,20 +293,21 @@ class EngineLoop:
         snapshot = snapshot_fn() if snapshot_fn is not None else None
         if snapshot is None:
             error = "request timelines are off (start the server with --timeline-size N)"
-            self._put(message("timeline", id=request_id, timeline=None, error=error))
+            self._put(TimelineReply(id=request_id, error=error))
             return
         while True:
             try:
-                self._put(message("timeline", id=request_id, timeline=snapshot, error=None))
+                self._put(TimelineReply(id=request_id, timeline=snapshot))
                 return
             except CodecError as e:  # over the frame size limit
                 if not shrink_snapshot(snapshot):
-                    self._put(message("timeline", id=request_id, timeline=None, error=str(e)))
+                    self._put(TimelineReply(id=request_id, error=str(e)))
                     return
 
 
 def _wait_for_config(inputs: PullQueue, parent_pid: int | None, token: str | None) -> dict:
-    """The first ``config`` message carrying ``token`` (any, when ``token`` is None)."""
+    """The config of the first ``Config`` message carrying ``token`` (any, when
+    ``token`` is None)."""
     deadline = time.monotonic() + CONFIG_TIMEOUT_S
     while time.monotonic() < deadline:
         if parent_pid is not None and os.getppid() != parent_pid:
@@ -326,17 +316,16 @@ def _wait_for_config(inputs: PullQueue, parent_pid: int | None, token: str | Non
             continue
         try:
             msg = inputs.get()
-            kind = message_type(msg)
         except CodecError as e:
             logger.error("dropping malformed frame: %s", e)
             continue
-        if token is not None and msg.get("token") != token:
-            logger.error("dropping a %r message without the handshake token", kind)
-            continue
-        if kind == "config" and isinstance(msg.get("config"), dict):
-            return msg["config"]
-        if kind == "shutdown":
-            raise RuntimeError("shut down before start")
+        if isinstance(msg, Config):
+            if token is not None and msg.token != token:
+                logger.error("dropping a config message without the handshake token")
+                continue
+            return msg.config
+        if isinstance(msg, Shutdown) and token is None:
+            raise RuntimeError("shut down before start")  # with a token: wait for the config
     raise RuntimeError(f"no config message within {CONFIG_TIMEOUT_S:.0f} s")
 
 
@@ -365,7 +354,8 @@ def run_engine(
     push.connect(output_addr)
     push.setsockopt(zmq.LINGER, 2000)
     push.setsockopt(zmq.SNDTIMEO, 1000)
-    inputs, outputs = PullQueue(pull), PushQueue(push)
+    inputs = PullQueue(pull, MessageCodec(ToEngine))
+    outputs = PushQueue(push, MessageCodec(FromEngine))
     engine = None
     token = os.environ.get(TOKEN_ENV)
     try:
@@ -380,23 +370,23 @@ def run_engine(
         except Exception as e:  # report any startup failure, in words, then exit
             logger.error("engine failed to start: %s", traceback.format_exc())
             error = f"{type(e).__name__}: {e}"
-            outputs.put(message("startup_error", error=error, token=token))
+            outputs.put(StartupError(error=error, token=token))
             return 1
-        outputs.put(message("ready", info=dict(engine.info), token=token))
+        outputs.put(Ready(info=dict(engine.info), token=token or ""))
         logger.info("engine ready (pid %d): %s", os.getpid(), engine.info)
         def beat_queue() -> PushQueue:
             sock = ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDTIMEO, 1000)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(output_addr)
-            return PushQueue(sock)
+            return PushQueue(sock, MessageCodec(FromEngine))
 
         loop = EngineLoop(engine, inputs, outputs, parent_pid, heartbeat_interval, beat_queue)
         try:
             loop.run()
         except Exception as e:
             logger.error("engine step failed: %s", traceback.format_exc())
-            outputs.put(message("fatal", error=f"{type(e).__name__}: {e}"))
+            outputs.put(Fatal(error=f"{type(e).__name__}: {e}"))
             return 1
         return 0
     finally:

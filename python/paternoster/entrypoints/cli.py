@@ -53,14 +53,15 @@ def make_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the engine to load the model",
     )  # fmt: skip
     g.add_argument(
-        "--engine-stall-timeout", type=float, default=30.0,
-        help="seconds without a heartbeat before the engine is declared dead (the engine "
+        "--engine-stall-timeout", type=float, default=10.0,
+        help="seconds without a heartbeat before the engine is reported stalled: /health "
+        "answers 503 and new requests are refused until heartbeats resume (the engine "
         "beats from its own thread, also during a long step)",
     )  # fmt: skip
     g.add_argument(
         "--engine-step-timeout", type=float, default=600.0,
-        help="seconds one engine step may run before the engine is declared stalled "
-        "(a long prompt prefilled in one step can take minutes on a CPU)",
+        help="seconds one engine step, or one stall, may last before the engine is declared "
+        "dead and killed (a long prompt prefilled in one step can take minutes on a CPU)",
     )  # fmt: skip
     g.add_argument(
         "--chat-template", default=None, metavar="FILE",
@@ -164,8 +165,9 @@ async def serve(args: argparse.Namespace) -> int:
         Exit code: 0 after a clean stop, 1 when the model or engine failed to load.
     """
     from paternoster.engine.process import DEFAULT_ENGINE_CLS
-    from paternoster.entrypoints.engine_client import EngineClient, EngineStartupError
     from paternoster.entrypoints.openai.api_server import ServerLimits, build_app
+    from paternoster.frontend.engine_client import EngineClient
+    from paternoster.frontend.errors import EngineStartupError
 
     model_dir = resolve_model_dir(args.model)
     if not os.path.isdir(model_dir):
@@ -173,7 +175,7 @@ async def serve(args: argparse.Namespace) -> int:
         return 1
     chat_template = None
     if args.chat_template is not None:
-        from paternoster.entrypoints.chat_utils import load_chat_template
+        from paternoster.frontend.chat import load_chat_template
 
         try:
             chat_template = load_chat_template(args.chat_template)
@@ -232,7 +234,7 @@ async def serve(args: argparse.Namespace) -> int:
             name, info.get("model_dir"), app.state.serving.max_model_len,
             info.get("num_kv_blocks"), info.get("block_size"),
         )  # fmt: skip
-        zmq_server = await _start_zmq_server(app.state.serving, args)
+        zmq_server = await _start_zmq_server(app.state.frontend, args)
         if zmq_server is None and args.zmq_address not in ("none", "off"):
             return 1
         logger.info("serving on http://%s:%d/v1", args.host, args.port)
@@ -249,7 +251,7 @@ async def serve(args: argparse.Namespace) -> int:
         await client.shutdown()
 
 
-async def _start_zmq_server(serving: Any, args: argparse.Namespace) -> Any:
+async def _start_zmq_server(frontend: Any, args: argparse.Namespace) -> Any:
     """Bind the client protocol's ROUTER socket (``--zmq-address``).
 
     Returns:
@@ -268,8 +270,8 @@ async def _start_zmq_server(serving: Any, args: argparse.Namespace) -> Any:
     if args.zmq_slow_client_timeout is not None:
         tuning["slow_client_timeout"] = args.zmq_slow_client_timeout
     server = ZmqServer(
-        serving, address, api_key=args.api_key, max_message_bytes=args.max_request_body_bytes,
-        max_stop=args.max_stop_sequences, **tuning,
+        frontend, address, api_key=args.api_key, max_message_bytes=args.max_request_body_bytes,
+        **tuning,
     )  # fmt: skip
     try:
         bound = await server.start()

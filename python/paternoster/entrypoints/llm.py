@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from paternoster.entrypoints.engine_args import build_engine_config, resolve_model_dir
-from paternoster.outputs import RequestOutput, SequenceState, fan_out
+from paternoster.frontend.output_processor import SequenceState, fan_out
+from paternoster.frontend.processor import InputProcessor
+from paternoster.outputs import RequestOutput
 from paternoster.sampling_params import SamplingParams
 
 
@@ -49,6 +51,8 @@ class LLM:
         self.max_model_len = min(
             int(info["max_model_len"]), int(info["num_kv_blocks"]) * int(info["block_size"])
         )
+        vocab = int(info.get("vocab_size") or len(self.tokenizer))
+        self.processor = InputProcessor(self.tokenizer, vocab, self.max_model_len)
         self._ids = itertools.count()
 
     # ----------------------------------------------------------------- public
@@ -74,8 +78,9 @@ class LLM:
             One :class:`RequestOutput` per prompt, in input order, each with
             ``n`` choices ordered by index.
         Raises:
-            ValueError: mismatched lengths, an empty prompt, or a request the
-                engine refuses (e.g. longer than ``max_model_len``).
+            ValueError: mismatched lengths, an empty prompt, a token id outside
+                the vocabulary, or a prompt plus ``max_tokens`` longer than
+                ``max_model_len`` (an ``InvalidRequestError`` naming the field).
         """
         token_prompts, texts = self._tokenize(prompts)
         return self._run(token_prompts, texts, sampling_params, use_tqdm, priority)
@@ -107,7 +112,7 @@ class LLM:
             ValueError: as in :meth:`generate`; ``ChatTemplateError`` (a
                 ``ValueError``) when there is no template or it fails.
         """
-        from paternoster.entrypoints.chat_utils import render_chat
+        from paternoster.frontend.chat import render_chat
 
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts, token_prompts = [], []
@@ -223,9 +228,11 @@ class LLM:
             for p, (ids, text, params) in enumerate(zip(token_prompts, texts, params_list)):
                 if not ids:
                     raise ValueError(f"prompt {p} is empty")
+                ids = self.processor.check_token_ids(ids)
+                params = self.processor.fit(params, len(ids))
                 rid = str(next(self._ids))
                 results.append(RequestOutput(rid, text, ids))
-                reqs = fan_out(rid, ids, params, 0, self.max_model_len, priorities[p])
+                reqs = fan_out(rid, ids, params, 0, priorities[p])
                 for index, req in reqs:
                     self.engine.add_request(req)
                     states[req.request_id] = (p, SequenceState(index, self.tokenizer, ids, params))

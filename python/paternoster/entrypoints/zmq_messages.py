@@ -1,27 +1,29 @@
 """Typed decoding of the client protocol's incoming messages (docs/protocol.md,
 "Client protocol").
 
-A decoded msgpack map is validated by a strict pydantic model: no coercion
-(``"5"`` is not an int, ``1`` is not a bool), no unknown keys (a misspelt
-``temprature`` is an error, not a silent default). :func:`parse` turns every
-failure into :class:`MessageError`, whose ``code`` and ``param`` go back to the
-client in an ``error`` message.
+Each message is one msgspec Struct, converted strictly from the decoded
+msgpack map: no coercion (``"5"`` is not an int, ``1`` is not a bool), no
+unknown keys (a misspelt ``temprature`` is an error, not a silent default).
+A ``generate``'s ``sampling`` map has every :class:`SamplingParams` field but
+``n``, derived from :class:`SamplingParams` itself (a new sampling field
+reaches the protocol without an edit here); ranges are checked by the
+request pipeline. :func:`parse` turns every failure into
+:class:`MessageError`, whose ``code`` and ``param`` go back to the client in
+an ``error`` message.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import types
+import typing
 from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    ValidationError,
-    field_validator,
-)
+import msgspec
 
 from paternoster.client import protocol as p
+from paternoster.sampling_params import SamplingParams
 
 _INT64 = 2**63
 
@@ -43,58 +45,68 @@ class MessageError(ValueError):
         self.request_id = request_id
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+class _Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Base of the client messages."""
 
 
-RequestId = Annotated[str, StringConstraints(min_length=1)]
-Int64 = Annotated[int, Field(ge=-_INT64, lt=_INT64)]
-TokenId = Annotated[int, Field(ge=0, lt=_INT64)]
+RequestId = Annotated[str, msgspec.Meta(min_length=1)]
+Int64 = Annotated[int, msgspec.Meta(ge=-_INT64, le=_INT64 - 1)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=_INT64 - 1)]
+
+# msgpack maps have string keys only: token-keyed maps travel as [key, value] pairs.
+_WIRE_TYPES: dict[str, Any] = {"logit_bias": list[tuple[TokenId, float]] | None}
 
 
-class Hello(_Strict):
+def _wire_type(name: str, hint: Any) -> Any:
+    """The wire type of a :class:`SamplingParams` field: 64-bit integers, token
+    ids >= 0, pairs for token-keyed maps; always optional (absent: default)."""
+    if name in _WIRE_TYPES:
+        return _WIRE_TYPES[name]
+    base = hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        base = args[0] if len(args) == 1 else hint
+    if base is int:
+        return Int64 | None
+    if typing.get_origin(base) is list and typing.get_args(base) == (int,):
+        return list[TokenId] | None
+    return base | None
+
+
+def _sampling_struct() -> type[msgspec.Struct]:
+    hints = typing.get_type_hints(SamplingParams)
+    fields = [(f.name, _wire_type(f.name, hints[f.name]), None)
+              for f in dataclasses.fields(SamplingParams) if f.name != "n"]  # fmt: skip
+
+    def to_fields(self: Any) -> dict[str, Any]:
+        """The :class:`SamplingParams` fields the message set (others: default)."""
+        out = {name: value for name in self.__struct_fields__
+               if (value := getattr(self, name)) is not None}  # fmt: skip
+        if "logit_bias" in out:
+            out["logit_bias"] = {int(t): b for t, b in out["logit_bias"]}
+        return out
+
+    return msgspec.defstruct(
+        "WireSampling", fields, bases=(_Message,), namespace={"fields": to_fields},
+        module=__name__,
+    )  # fmt: skip
+
+
+WireSampling = _sampling_struct()
+"""A generate message's ``sampling`` map: the :class:`SamplingParams` fields
+(``n`` excluded: one request, one sequence), each optional."""
+
+
+class Hello(_Message):
     """``hello``: the handshake (protocol version in ``v``, optional API key)."""
 
     v: int
     type: str
     api_key: str | None = None
-    client: str | None = Field(default=None, max_length=256)
+    client: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
-class WireSampling(_Strict):
-    """A generate message's ``sampling`` map: :class:`SamplingParams` fields
-    (``n`` excluded: one request, one sequence). Ranges are checked by
-    :class:`SamplingParams` itself; this model checks types."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: Int64 = -1
-    min_p: float = 0.0
-    seed: Int64 | None = None
-    max_tokens: Int64 | None = 16
-    stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[TokenId] = Field(default_factory=list)
-    ignore_eos: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_tokens: Int64 = 0
-    logit_bias: list[tuple[TokenId, float]] | None = None
-    logprobs: Int64 | None = None
-    prompt_logprobs: Int64 | None = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-
-    @field_validator("logit_bias", mode="before")
-    @classmethod
-    def _pairs(cls, value: Any) -> Any:
-        """msgpack has no tuples: each ``[token_id, bias]`` arrives as a list."""
-        if isinstance(value, list):
-            return [tuple(v) if isinstance(v, list) and len(v) == 2 else v for v in value]
-        return value
-
-
-class Generate(_Strict):
+class Generate(_Message):
     """``generate``: one request, a prompt as text or token ids."""
 
     v: int
@@ -102,13 +114,14 @@ class Generate(_Strict):
     id: RequestId
     prompt: str | None = None
     prompt_token_ids: list[TokenId] | None = None
-    sampling: WireSampling = Field(default_factory=WireSampling)
+    sampling: WireSampling = msgspec.field(default_factory=WireSampling)
     priority: Int64 = 0
     stream: bool = True
     add_special_tokens: bool = True
+    cache_salt: str | None = None
 
 
-class Abort(_Strict):
+class Abort(_Message):
     """``abort``: end a request of this connection (unknown ids are ignored)."""
 
     v: int
@@ -116,7 +129,7 @@ class Abort(_Strict):
     id: RequestId
 
 
-class Query(_Strict):
+class Query(_Message):
     """``models`` and ``health``: an optional ``id`` is echoed in the reply."""
 
     v: int
@@ -128,7 +141,7 @@ _MODELS = {p.HELLO: Hello, p.GENERATE: Generate, p.ABORT: Abort, p.MODELS: Query
            p.HEALTH: Query}  # fmt: skip
 
 
-def parse(msg: dict[str, Any], max_request_id_bytes: int = p.MAX_REQUEST_ID_BYTES) -> _Strict:
+def parse(msg: dict[str, Any], max_request_id_bytes: int = p.MAX_REQUEST_ID_BYTES) -> _Message:
     """Validate a decoded map as one of the client messages.
 
     Args:
@@ -165,10 +178,9 @@ def parse(msg: dict[str, Any], max_request_id_bytes: int = p.MAX_REQUEST_ID_BYTE
             p.BAD_REQUEST, f"id must be at most {max_request_id_bytes} UTF-8 bytes", "id"
         )
     try:
-        return model.model_validate(msg)
-    except ValidationError as e:
-        message, param = _first_error(e)
-        raise MessageError(p.BAD_REQUEST, message, param, rid) from None
+        return msgspec.convert(msg, type=model, strict=True)
+    except msgspec.ValidationError as e:
+        raise MessageError(p.BAD_REQUEST, str(e), _param(str(e)), rid) from None
 
 
 def _id_fits(rid: str, limit: int) -> bool:
@@ -178,22 +190,18 @@ def _id_fits(rid: str, limit: int) -> bool:
         return False
 
 
-def _first_error(e: ValidationError) -> tuple[str, str | None]:
-    """One readable line and the dotted field path from pydantic's errors."""
-    errors = e.errors(include_url=False)
-    first = errors[0]
-    loc = [str(x) for x in first.get("loc", ())]
-    # tuple/list positions are not fields: keep the path up to the first index
-    path = []
-    for part in loc:
-        if part.isdigit():
-            break
-        path.append(part)
-    param = ".".join(path) or None
-    msg = first.get("msg", "invalid value")
-    if first.get("type") == "extra_forbidden":
-        msg = "unknown field"
-    text = f"{'.'.join(loc)}: {msg}" if loc else msg
-    if len(errors) > 1:
-        text += f" (and {len(errors) - 1} more errors)"
-    return text, param
+_AT = re.compile(r" - at `\$\.?([^`]*)`$")
+_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+
+def _param(message: str) -> str | None:
+    """The dotted field path a msgspec validation message names: its
+    ``- at `$.a.b[0]``` location up to the first index, plus the field named
+    as unknown or missing."""
+    m = _AT.search(message)
+    path = m.group(1).split("[", 1)[0] if m else ""
+    named = _UNKNOWN.search(message) or _MISSING.search(message)
+    if named:
+        path = f"{path}.{named.group(1)}" if path else named.group(1)
+    return path or None

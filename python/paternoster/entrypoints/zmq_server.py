@@ -3,9 +3,10 @@ protocol").
 
 :class:`ZmqServer` binds a ROUTER socket next to the HTTP server, in the same
 process and event loop, and serves ``generate``, ``abort``, ``models`` and
-``health`` from DEALER clients. It shares the HTTP server's tokenizer thread,
-validation, output processing (detokenization, stop strings) and metrics, so a
-request behaves the same whichever way it came in.
+``health`` from DEALER clients. It maps the protocol's messages onto the
+request pipeline (:class:`~paternoster.frontend.pipeline.Frontend`) the HTTP
+server maps its JSON onto, so a request is tokenized, validated, admitted,
+detokenized and counted the same whichever way it came in.
 
 Guarantees (docs/protocol.md): every accepted ``generate`` gets exactly one
 final message (``final`` or ``error`` with its id), as long as the client
@@ -32,7 +33,6 @@ import os
 import socket
 import tempfile
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,22 +42,16 @@ import zmq.asyncio
 
 from paternoster.client import protocol as p
 from paternoster.engine.codec import CodecError, encode, unpack
-from paternoster.entrypoints.engine_client import (
+from paternoster.entrypoints.zmq_messages import Generate, Hello, MessageError, parse
+from paternoster.frontend.errors import (
     EngineDeadError,
     EngineOverloadedError,
+    InvalidRequestError,
     RequestRejectedError,
 )
-from paternoster.entrypoints.openai.errors import APIError
-from paternoster.entrypoints.openai.serving import (
-    Generation,
-    OpenAIServing,
-    check_model_limits,
-    check_prompt_ids,
-    param_of,
-)
-from paternoster.entrypoints.zmq_messages import Generate, Hello, MessageError, parse
+from paternoster.frontend.generation import Generation
+from paternoster.frontend.pipeline import Frontend, RequestOptions
 from paternoster.outputs import ChoiceDelta
-from paternoster.sampling_params import SamplingParams
 
 logger = logging.getLogger("paternoster.zmq")
 
@@ -129,8 +123,7 @@ class ZmqServer:
     """Serves the client protocol on one ROUTER socket.
 
     Args:
-        serving: the HTTP server's :class:`OpenAIServing` (engine client,
-            tokenizer, metrics, model limits).
+        frontend: the request pipeline (shared with the HTTP server).
         address: a ZeroMQ endpoint to bind (``tcp://127.0.0.1:5555``,
             ``ipc:///path``; ``tcp://127.0.0.1:0`` picks a free port).
         api_key: when set, ``hello`` must carry it (``unauthorized`` otherwise).
@@ -138,7 +131,6 @@ class ZmqServer:
             frames over 4x this are dropped by ZeroMQ (``MAXMSGSIZE``), which
             closes the sender's connection.
         max_in_flight: generate requests in flight per connection.
-        max_stop: most stop strings per request.
         max_request_id_bytes: longest request id (UTF-8 bytes).
         sndhwm: messages ZeroMQ queues per client before the backlog takes over.
         max_backlog_bytes: a client's backlog beyond this aborts its requests
@@ -149,12 +141,11 @@ class ZmqServer:
 
     def __init__(
         self,
-        serving: OpenAIServing,
+        frontend: Frontend,
         address: str,
         api_key: str | None = None,
         max_message_bytes: int = p.DEFAULT_MAX_MESSAGE_BYTES,
         max_in_flight: int = p.DEFAULT_MAX_IN_FLIGHT,
-        max_stop: int = 64,
         max_request_id_bytes: int = p.MAX_REQUEST_ID_BYTES,
         sndhwm: int = DEFAULT_SNDHWM,
         max_backlog_bytes: int = DEFAULT_MAX_BACKLOG_BYTES,
@@ -168,12 +159,11 @@ class ZmqServer:
         ):  # fmt: skip
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        self.serving = serving
+        self.frontend = frontend
         self.address = address
         self.api_key = api_key
         self.max_message_bytes = max_message_bytes
         self.max_in_flight = max_in_flight
-        self.max_stop = max_stop
         self.max_request_id_bytes = max_request_id_bytes
         self.sndhwm = sndhwm
         self.max_backlog_bytes = max_backlog_bytes
@@ -315,7 +305,7 @@ class ZmqServer:
         elif kind == p.MODELS:
             self._send(peer, p.message(p.MODELS, id=parsed.id, data=[self._model_card()]))
         elif kind == p.HEALTH:
-            reason = self.serving.client.unavailable_reason
+            reason = self.frontend.client.unavailable_reason
             status = "ok" if reason is None else "unhealthy"
             self._send(peer, p.message(p.HEALTH, id=parsed.id, status=status, reason=reason))
 
@@ -348,13 +338,13 @@ class ZmqServer:
         peer.welcomed = True
         self._send(peer, p.message(
             p.WELCOME, server="paternoster", server_version=__version__,
-            model=self.serving.model_name, max_model_len=self.serving.max_model_len,
+            model=self.frontend.model_name, max_model_len=self.frontend.max_model_len,
             max_message_bytes=self.max_message_bytes, max_in_flight=self.max_in_flight,
             max_request_id_bytes=self.max_request_id_bytes,
         ))  # fmt: skip
 
     def _model_card(self) -> dict:
-        return {"id": self.serving.model_name, "max_model_len": self.serving.max_model_len}
+        return {"id": self.frontend.model_name, "max_model_len": self.frontend.max_model_len}
 
     # ------------------------------------------------------------- generate
 
@@ -374,12 +364,6 @@ class ZmqServer:
         if (msg.prompt is None) == (msg.prompt_token_ids is None):
             self._send(peer, _error(p.BAD_REQUEST, "give exactly one of prompt and "
                                     "prompt_token_ids", "prompt", rid))  # fmt: skip
-            return
-        if len(msg.sampling.stop) > self.max_stop:
-            self._send(peer, _error(
-                p.BAD_REQUEST, f"stop may hold at most {self.max_stop} strings, got "
-                f"{len(msg.sampling.stop)}", "sampling.stop", rid,
-            ))  # fmt: skip
             return
         task = asyncio.create_task(self._run(peer, msg))
         task.add_done_callback(lambda t: self._on_task_done(peer, rid, t))
@@ -416,10 +400,8 @@ class ZmqServer:
                         self._send(peer, _delta(rid, d))
         except asyncio.CancelledError:  # abort message, or the server is closing
             final = self._final(rid, gen, None, "abort", msg.stream)
-        except MessageError as e:
-            final = _error(e.code, str(e), e.param, rid)
-        except APIError as e:
-            final = _error(p.BAD_REQUEST, e.message, e.param, rid)
+        except InvalidRequestError as e:
+            final = _error(p.BAD_REQUEST, e.message, _sampling_param(e.param), rid)
         except EngineOverloadedError as e:
             final = _error(p.OVERLOADED, str(e), request_id=rid, retry_after=e.retry_after)
         except RequestRejectedError as e:
@@ -437,57 +419,25 @@ class ZmqServer:
             peer.requests.pop(rid, None)  # _send may have found the peer gone and cleared it
 
     async def _start(self, msg: Generate) -> Generation:
-        """Tokenize and validate ``msg`` into a :class:`Generation`.
-
-        The request's room in the waiting queue is reserved here (the
-        returned generation holds the reservation; :meth:`Generation.deltas`
-        or :meth:`Generation.release` gives back what was not sent).
+        """Hand ``msg`` to the pipeline (the request's waiting-queue room is
+        reserved; the generation holds the reservation).
 
         Raises:
-            MessageError: ``bad_request`` (bad sampling, prompt or length).
-            APIError: 400 for a prompt token id outside the vocabulary.
+            InvalidRequestError: a bad prompt or sampling field.
             EngineDeadError: the engine is down or shutting down.
             EngineOverloadedError: the waiting queue is full (nothing reserved).
         """
-        serving = self.serving
-        if not serving.client.is_alive:
-            raise EngineDeadError(serving.client.unavailable_reason or "engine is not running")
         if msg.prompt is not None:
-            try:
-                msg.prompt.encode("utf-8")
-            except UnicodeEncodeError:
-                raise MessageError(p.BAD_REQUEST, "prompt is not valid Unicode text",
-                                   "prompt") from None  # fmt: skip
-            ids = await serving.run_tokenizer(
-                lambda: list(serving.tokenizer(
-                    msg.prompt, add_special_tokens=msg.add_special_tokens
-                ).input_ids)  # fmt: skip
-            )
-            param = "prompt"
+            prompts, param = [msg.prompt], "prompt"
         else:
-            ids, param = list(msg.prompt_token_ids or []), "prompt_token_ids"
-        if not ids:
-            raise MessageError(p.BAD_REQUEST, f"{param} must not be empty", param)
-        check_prompt_ids(ids, serving.vocab_size, param)
-        try:
-            params = SamplingParams(n=1, **msg.sampling.model_dump())
-        except ValueError as e:
-            name = param_of(e)
-            raise MessageError(p.BAD_REQUEST, str(e), name and f"sampling.{name}") from None
-        try:
-            check_model_limits(params, len(ids), serving.max_model_len, serving.vocab_size)
-        except APIError as e:
-            name = e.param if e.param in ("prompt", None) else f"sampling.{e.param}"
-            raise MessageError(p.BAD_REQUEST, e.message, name) from None
-        reservation = serving.client.check_capacity(1, len(ids))
-        try:
-            return Generation(
-                serving.client, serving.tokenizer, f"zmq-{uuid.uuid4().hex}", [ids], params,
-                serving.max_model_len, msg.priority, serving.metrics, reservation,
-            )  # fmt: skip
-        except BaseException:
-            reservation.release()
-            raise
+            prompts, param = [msg.prompt_token_ids or []], "prompt_token_ids"
+        options = RequestOptions(
+            request_id_prefix="zmq", priority=msg.priority, cache_salt=msg.cache_salt,
+            default_max_tokens=p.DEFAULT_MAX_TOKENS, add_special_tokens=msg.add_special_tokens,
+            prompt_param=param,
+        )  # fmt: skip
+        sub = await self.frontend.submit(prompts, msg.sampling.fields(), options)
+        return sub.generation
 
     def _final(self, rid: str, gen: Generation | None, last: ChoiceDelta | None,
                reason: str | None = None, streamed: bool = False) -> dict:  # fmt: skip
@@ -499,7 +449,7 @@ class ZmqServer:
             return p.message(p.FINAL, id=rid, text="", token_ids=[], finish_reason=reason,
                              usage=usage)  # fmt: skip
         state = gen.states[0]
-        u = gen.usage()
+        prompt_tokens, completion_tokens = gen.num_prompt_tokens, gen.num_generated_tokens
         fields: dict[str, Any] = {}
         if last is not None:
             text, token_ids, lp = last.text, list(last.token_ids), last.logprobs
@@ -514,8 +464,8 @@ class ZmqServer:
         return p.message(
             p.FINAL, id=rid, text=text, token_ids=token_ids,
             finish_reason=reason or state.finish_reason, stop_reason=state.stop_reason,
-            usage={"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                   "total_tokens": u.total_tokens},
+            usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                   "total_tokens": prompt_tokens + completion_tokens},
             **fields,
         )  # fmt: skip
 
@@ -661,6 +611,11 @@ class ZmqServer:
 
 
 # ------------------------------------------------------------------ messages
+
+
+def _sampling_param(param: str | None) -> str | None:
+    """The protocol's name of a pipeline field: sampling fields sit in ``sampling``."""
+    return param if param in (None, "prompt", "prompt_token_ids") else f"sampling.{param}"
 
 
 def _error(code: str, message: str, param: str | None = None, request_id: str | None = None,

@@ -1,8 +1,10 @@
 """Frontend-side request metrics: latencies, token counts and finish reasons.
 
-Measured in the frontend per engine request (one per choice, so a request
-with ``n=2`` counts twice) with ``time.monotonic()``, from the moment the
-frontend hands the request to the engine client.
+Measured in the frontend per API request (one HTTP or ZeroMQ request, however
+many prompts and choices ``n`` it has: vLLM counts them so) with
+``time.monotonic()``, from the moment the frontend hands the request to the
+engine client. Inter-token latency is measured per choice (the gaps of each
+stream a client reads).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from paternoster.engine.messages import EngineCoreOutput
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
+# An API request's reason is its choices' worst: an error anywhere is an error.
+_PRECEDENCE = ("error", "abort", "length", "stop")
 
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -39,7 +43,7 @@ class RequestMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.prompt_tokens = Counter(
             "paternoster:prompt_tokens",
-            "Prompt tokens of engine requests whose prefill completed (tokens).",
+            "Prompt tokens of API requests whose prefill completed, each prompt once (tokens).",
             registry=registry,
         )
         self.generation_tokens = Counter(
@@ -49,7 +53,8 @@ class RequestMetrics:
         )
         self.request_success = Counter(
             "paternoster:request_success",
-            "Finished engine requests by finish reason (requests).",
+            "Finished API requests by finish reason (requests); with several choices, "
+            "the first of error, abort, length, stop among them.",
             ["finished_reason"],
             registry=registry,
         )
@@ -57,19 +62,19 @@ class RequestMetrics:
             self.request_success.labels(reason)
         self.ttft = Histogram(
             "paternoster:time_to_first_token_seconds",
-            "Seconds from submission to the first generated token.",
+            "Seconds from submission to the first generated token of an API request.",
             buckets=TTFT_BUCKETS,
             registry=registry,
         )
         self.itl = Histogram(
             "paternoster:inter_token_latency_seconds",
-            "Seconds between consecutive token-bearing outputs of a request.",
+            "Seconds between consecutive token-bearing outputs of one choice.",
             buckets=ITL_BUCKETS,
             registry=registry,
         )
         self.e2e = Histogram(
             "paternoster:e2e_request_latency_seconds",
-            "Seconds from submission to the end of an engine request (any reason).",
+            "Seconds from submission to the end of an API request's last choice (any reason).",
             buckets=REQUEST_LATENCY_BUCKETS,
             registry=registry,
         )
@@ -81,23 +86,25 @@ class RequestMetrics:
         )
 
     def track(self, num_prompt_tokens: int) -> RequestTracker:
-        """Start timing one engine request (now).
+        """Start timing one API request (now).
 
         Args:
-            num_prompt_tokens: its prompt length (tokens).
+            num_prompt_tokens: its prompts' tokens, each prompt once.
         """
         return RequestTracker(self, num_prompt_tokens)
 
 
 class RequestTracker:
-    """Times one engine request and records it in :class:`RequestMetrics`.
+    """Times one API request (all its choices) and records it in
+    :class:`RequestMetrics`.
 
-    Call :meth:`on_output` for every engine output as it arrives and
-    :meth:`finish` exactly once at the end (later calls are ignored).
+    Call :meth:`on_output` for every engine output of any choice as it
+    arrives and :meth:`finish` exactly once at the end (later calls are
+    ignored).
 
     Args:
         metrics: where to record.
-        num_prompt_tokens: the prompt length (tokens).
+        num_prompt_tokens: the prompts' tokens (each prompt once).
         start: ``time.monotonic()`` seconds of submission (default: now).
     """
 
@@ -107,14 +114,16 @@ class RequestTracker:
         self.metrics = metrics
         self.num_prompt_tokens = num_prompt_tokens
         self.start = time.monotonic() if start is None else start
-        self.last_token_time: float | None = None
+        self.first_token_time: float | None = None
+        self._last_token_time: dict[str, float] = {}  # per choice (engine request id)
         self.finished = False
 
     def on_output(self, out: EngineCoreOutput, now: float | None = None) -> None:
-        """Record queue time, TTFT (and the prompt tokens) or one ITL.
+        """Record queue time, TTFT (and the prompt tokens) on the request's first
+        token, or one ITL of the output's choice.
 
         Args:
-            out: the engine output that just arrived.
+            out: the engine output that just arrived (any choice).
             now: ``time.monotonic()`` seconds of arrival (default: now).
         """
         now = time.monotonic() if now is None else now
@@ -123,20 +132,24 @@ class RequestTracker:
             m.queue_time.observe(max(0.0, out.queue_time))
         if not out.new_token_ids:
             return
-        if self.last_token_time is None:
+        if self.first_token_time is None:
+            self.first_token_time = now
             m.ttft.observe(now - self.start)
             m.prompt_tokens.inc(self.num_prompt_tokens)
-        else:
-            m.itl.observe(now - self.last_token_time)
-        self.last_token_time = now
+        last = self._last_token_time.get(out.request_id)
+        if last is not None:
+            m.itl.observe(now - last)
+        self._last_token_time[out.request_id] = now
 
-    def finish(self, reason: str, num_generation_tokens: int, now: float | None = None) -> None:
-        """Record the end: E2E latency, generated tokens and the finish reason.
+    def finish(self, reasons: list[str], num_generation_tokens: int,
+               now: float | None = None) -> None:  # fmt: skip
+        """Record the end: E2E latency, generated tokens and one finish reason.
 
         Args:
-            reason: ``"stop"``, ``"length"``, ``"abort"`` (engine or client
-                abort) or ``"error"``.
-            num_generation_tokens: tokens delivered to the client (tokens).
+            reasons: each choice's ``"stop"``, ``"length"``, ``"abort"``
+                (engine or client abort) or ``"error"``; the request counts
+                under the first of error, abort, length, stop among them.
+            num_generation_tokens: tokens delivered to the client, all choices.
             now: ``time.monotonic()`` seconds of the end (default: now).
         """
         if self.finished:
@@ -146,4 +159,6 @@ class RequestTracker:
         m = self.metrics
         m.e2e.observe(now - self.start)
         m.generation_tokens.inc(num_generation_tokens)
-        m.request_success.labels(reason if reason in FINISHED_REASONS else "error").inc()
+        known = [r if r in FINISHED_REASONS else "error" for r in reasons] or ["abort"]
+        reason = next(r for r in _PRECEDENCE if r in known)
+        m.request_success.labels(reason).inc()

@@ -31,12 +31,6 @@ from pydantic import Discriminator, Tag
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from paternoster.entrypoints.engine_client import (
-    EngineClient,
-    EngineDeadError,
-    EngineOverloadedError,
-    TimelineUnavailableError,
-)
 from paternoster.entrypoints.openai.errors import APIError, error_body, error_response
 from paternoster.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -54,6 +48,13 @@ from paternoster.entrypoints.openai.protocol import (
     VersionResponse,
 )
 from paternoster.entrypoints.openai.serving import ClientDisconnected, OpenAIServing
+from paternoster.frontend.engine_client import EngineClient
+from paternoster.frontend.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    TimelineUnavailableError,
+)
+from paternoster.frontend.pipeline import Frontend
 from paternoster.metrics.server import ServerMetrics
 from paternoster.sampling_params import MAX_N
 
@@ -97,8 +98,9 @@ class ServerLimits:
         api_key: the key clients must send as ``Authorization: Bearer KEY``
             (``None``: no authentication).
         max_body_bytes: largest request body in bytes (413 beyond).
-        max_n: largest ``n`` (choices per prompt), at most ``MAX_N``.
-        max_stop: most ``stop`` strings per request.
+        max_n: largest ``n`` (choices per prompt), at most ``MAX_N``
+            (checked by the request pipeline, for every protocol).
+        max_stop: most ``stop`` strings per request (likewise).
     """
 
     api_key: str | None = None
@@ -115,19 +117,6 @@ class ServerLimits:
             raise ValueError(f"max_stop must be >= 0, got {self.max_stop}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty")
-
-    def check_request(self, body: Any) -> None:
-        """400 when a generation request's ``n`` or ``stop`` list exceeds the limits.
-
-        Raises:
-            APIError: 400 naming ``n`` or ``stop``.
-        """
-        if isinstance(body.n, int) and body.n > self.max_n:
-            raise APIError(400, f"n must be at most {self.max_n}, got {body.n}", "n")
-        if isinstance(body.stop, list) and len(body.stop) > self.max_stop:
-            raise APIError(
-                400, f"stop may hold at most {self.max_stop} strings, got {len(body.stop)}", "stop"
-            )
 
 
 class GuardMiddleware:
@@ -256,10 +245,11 @@ def build_app(
     app = FastAPI(title="Paternoster", version=__version__, docs_url=None, redoc_url=None)
     metrics = ServerMetrics(lambda: client.stats)
     client.add_iteration_listener(metrics.engine.observe_iteration_tokens)
-    serving = OpenAIServing(
-        client, tokenizer, served_model_name, metrics.requests, chat_template=chat_template
-    )
     limits = limits or ServerLimits()
+    frontend = Frontend(client, tokenizer, served_model_name, metrics.requests, chat_template,
+                        limits.max_n, limits.max_stop)  # fmt: skip
+    serving = OpenAIServing(frontend)
+    app.state.frontend = frontend
     app.state.serving = serving
     app.state.metrics = metrics
     app.state.limits = limits
@@ -299,7 +289,6 @@ def build_app(
     )  # fmt: skip
     async def completions(body: CompletionRequest, raw: Request):
         """OpenAI text completions (JSON or SSE when ``stream``)."""
-        limits.check_request(body)
         return await serving.create_completion(body, raw)
 
     @app.post(
@@ -308,7 +297,6 @@ def build_app(
     )  # fmt: skip
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
         """OpenAI chat completions through the model's chat template."""
-        limits.check_request(body)
         return await serving.create_chat_completion(body, raw)
 
     @app.post("/tokenize", responses={400: _ERRORS[400], 404: _ERRORS[404]})
@@ -338,7 +326,10 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 ``{"status": "ok"}``, or 503 with the reason the engine is down."""
+        """200 ``{"status": "ok"}``, or 503 with the reason the engine cannot
+        serve: dead, restarting, stalled (no heartbeat for
+        ``--engine-stall-timeout`` seconds; 200 again once it resumes) or
+        shutting down."""
         reason = client.unavailable_reason
         if reason is None:
             return JSONResponse({"status": "ok"})

@@ -9,11 +9,23 @@ messages match the offline API's.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_serializer,
+)
 from pydantic_core import PydanticCustomError
+
+from paternoster.sampling_params import SamplingParams
 
 
 class _Request(BaseModel):
@@ -29,8 +41,12 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False
 
 
-class _SamplingFields(_Request):
-    """Sampling fields shared by both endpoints (``None`` = default).
+class _OpenAIFields(_Request):
+    """Fields shared by both endpoints (``None`` = default): OpenAI's own and
+    those whose HTTP form differs from :class:`SamplingParams` (``stop`` may
+    be one string, ``logit_bias`` keys are strings). Every other
+    :class:`SamplingParams` field is added by :func:`_with_sampling_fields`
+    under its own name and type.
 
     Semantics follow vLLM where OpenAI is silent; ranges are checked by
     :class:`~paternoster.sampling_params.SamplingParams` (400 naming the field).
@@ -63,6 +79,10 @@ class _SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with `stream: true`")
     user: str | None = Field(None, description="accepted and ignored")
+    cache_salt: str | None = Field(
+        None, description="prefix-cache isolation: KV blocks are shared only between requests "
+        "with the same salt (vLLM)",
+    )
 
     @field_validator("stream_options")
     @classmethod
@@ -73,6 +93,30 @@ class _SamplingFields(_Request):
                 "stream_options", "Stream options can only be defined when `stream=True`."
             )
         return value
+
+
+# Set per endpoint: completions' integer ``logprobs`` and chat's boolean one.
+_PER_ENDPOINT = frozenset({"logprobs", "prompt_logprobs"})
+
+SAMPLING_FIELDS = tuple(
+    f.name for f in dataclasses.fields(SamplingParams) if f.name not in _PER_ENDPOINT
+)
+"""The :class:`SamplingParams` fields a request body carries under their own names."""
+
+
+def _with_sampling_fields(base: type[BaseModel]) -> type[BaseModel]:
+    """``base`` plus every :class:`SamplingParams` field it does not declare
+    (optional, ``None`` = the default), so a new sampling field reaches the
+    HTTP API without an edit here."""
+    hints = typing.get_type_hints(SamplingParams)
+    extra = {
+        name: (hints[name] | None, None)
+        for name in SAMPLING_FIELDS if name not in base.model_fields
+    }  # fmt: skip
+    return create_model("_SamplingFields", __base__=base, __module__=__name__, **extra)
+
+
+_SamplingFields = _with_sampling_fields(_OpenAIFields)
 
 
 class CompletionRequest(_SamplingFields):

@@ -1,11 +1,10 @@
-"""Request handling behind /v1/completions, /v1/chat/completions, /tokenize
-and /detokenize.
+"""The OpenAI endpoints as a mapping onto the request pipeline.
 
-Turns an OpenAI request into token ids and :class:`SamplingParams`, fans it
-out into engine requests (``n`` per prompt), runs them through the
-:class:`EngineClient`, and formats either one response or an SSE stream.
-Everything that can be checked before the engine sees a request is checked
-here and reported as HTTP 400 with the parameter at fault.
+/v1/completions and /v1/chat/completions turn their JSON body into prompts and
+:class:`SamplingParams` fields, hand them to :meth:`Frontend.submit` (which
+tokenizes, validates, admits and fans out) and format the generation's deltas
+as one response or an SSE stream; /tokenize and /detokenize use the same
+tokenizer and checks. Pipeline errors become HTTP errors here and nowhere else.
 
 Stream and non-stream responses are built from the same per-choice state, so
 they agree on text, logprobs, usage and finish_reason: concatenating a
@@ -18,25 +17,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
-import time
-import uuid
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from paternoster.entrypoints.chat_utils import ChatTemplateError, render_chat
-from paternoster.entrypoints.engine_client import (
-    EngineClient,
-    EngineDeadError,
-    EngineOverloadedError,
-    RequestRejectedError,
-    Reservation,
-)
 from paternoster.entrypoints.openai.errors import APIError, bad_request, error_body
 from paternoster.entrypoints.openai.logprobs import (
     CompletionLogprobsBuilder,
@@ -45,6 +32,7 @@ from paternoster.entrypoints.openai.logprobs import (
     merge_completion_logprobs,
 )
 from paternoster.entrypoints.openai.protocol import (
+    SAMPLING_FIELDS,
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -64,149 +52,25 @@ from paternoster.entrypoints.openai.protocol import (
     TokenizeResponse,
     UsageInfo,
 )
-from paternoster.metrics.requests import RequestMetrics
-from paternoster.outputs import ChoiceDelta, SequenceState, fan_out
-from paternoster.sampling_params import MAX_LOGPROBS, SamplingParams
+from paternoster.frontend.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    InvalidRequestError,
+    RequestRejectedError,
+)
+from paternoster.frontend.generation import Generation
+from paternoster.frontend.output_processor import SequenceState
+from paternoster.frontend.pipeline import Frontend, RequestOptions, Submitted
+from paternoster.frontend.processor import ChatInput, check_text
+from paternoster.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger("paternoster.server")
-
-_DONE = object()
-_PARAM_RE = re.compile(r"^(\w+)(?: keys| values)? must")
-
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI, vLLM)
 
 
-def _check_text(text: str, param: str) -> None:
-    """400 unless ``text`` is valid Unicode (e.g. no lone UTF-16 surrogates).
-
-    Raises:
-        APIError: 400 naming ``param``.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise bad_request(f"{param} is not valid Unicode text: {e.reason}", param) from None
-
-
 class ClientDisconnected(Exception):
     """The HTTP client went away before the response was ready."""
-
-
-class Generation:
-    """The choices of one HTTP request being generated.
-
-    Args:
-        client: the engine client.
-        tokenizer: for detokenization.
-        request_id: id of the HTTP request.
-        prompts: tokenized prompts.
-        params: sampling params (``n`` choices per prompt).
-        max_model_len: resolves ``params.max_tokens=None`` per prompt.
-        priority: scheduling priority (lower runs first; used by the
-            ``priority`` scheduler, ignored by others).
-        metrics: where each choice's latencies, tokens and finish reason are
-            recorded (``None``: not recorded). A choice cut short by a client
-            disconnect (or a sibling's error) counts as ``abort``.
-        reservation: the waiting-queue room :meth:`EngineClient.check_capacity`
-            reserved for these choices. Each choice takes its share when it
-            is sent; :meth:`deltas` gives back the rest when it ends, and
-            :meth:`release` does when it never runs.
-    """
-
-    def __init__(
-        self,
-        client: EngineClient,
-        tokenizer: Any,
-        request_id: str,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        max_model_len: int | None = None,
-        priority: int = 0,
-        metrics: RequestMetrics | None = None,
-        reservation: Reservation | None = None,
-    ):
-        self.client = client
-        self.metrics = metrics
-        self.reservation = reservation
-        self.prompts = prompts
-        self.n = params.n
-        self.jobs = []
-        for p, ids in enumerate(prompts):
-            first = p * params.n
-            for index, req in fan_out(request_id, ids, params, first, max_model_len, priority):
-                self.jobs.append((req, SequenceState(index, tokenizer, ids, req.sampling_params)))
-
-    def release(self) -> None:
-        """Give back the reserved waiting-queue room of the choices not sent to
-        the engine (all of them when :meth:`deltas` never ran). Idempotent."""
-        if self.reservation is not None:
-            self.reservation.release()
-
-    @property
-    def states(self) -> list[SequenceState]:
-        """Per-choice states, ordered by choice index."""
-        return [s for _, s in self.jobs]
-
-    def prompt_index(self, choice_index: int) -> int:
-        """The prompt a choice belongs to (choices ``p * n .. p * n + n - 1``)."""
-        return choice_index // self.n
-
-    def usage(self) -> UsageInfo:
-        """Exact token counts: each prompt once, every generated token delivered."""
-        prompt = sum(len(p) for p in self.prompts)
-        completion = sum(len(s.token_ids) for s in self.states)
-        return UsageInfo(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
-        )
-
-    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
-        """Run every choice concurrently and yield their deltas as they come.
-
-        Closing this iterator aborts the engine requests still running and
-        releases the reserved room of choices that were never sent.
-
-        Raises:
-            EngineDeadError, RequestRejectedError: from the engine client.
-        """
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def run(req, state: SequenceState) -> None:
-            tracker = self.metrics.track(len(req.prompt_token_ids)) if self.metrics else None
-            reason = "abort"  # unless it ends below: cancelled (client gone)
-            try:
-                outputs = self.client.generate(req, self.reservation)
-                async with contextlib.aclosing(outputs):
-                    async for out in outputs:
-                        if tracker is not None:
-                            tracker.on_output(out)
-                        queue.put_nowait(state.process(out))
-                        if state.finished:
-                            break  # closing the iterator aborts a stop-string match
-                reason = state.finish_reason or "abort"
-            except Exception as e:
-                reason = "error"
-                queue.put_nowait(e)
-            finally:
-                if tracker is not None:
-                    tracker.finish(reason, len(state.token_ids))
-                queue.put_nowait(_DONE)
-
-        tasks = [asyncio.create_task(run(req, state)) for req, state in self.jobs]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                item = await queue.get()
-                if item is _DONE:
-                    remaining -= 1
-                elif isinstance(item, Exception):
-                    raise item
-                else:
-                    yield item
-        finally:
-            for t in tasks:
-                t.cancel()  # a task not started yet never sends its request
-            self.release()
 
 
 @dataclass
@@ -218,44 +82,33 @@ class _Setup:
     created: int
     include_usage: bool
     continuous_usage: bool
+    texts: list[str | None]
+
+
+def _usage(gen: Generation) -> UsageInfo:
+    """Exact token counts: each prompt once, every generated token delivered."""
+    prompt, completion = gen.num_prompt_tokens, gen.num_generated_tokens
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                     total_tokens=prompt + completion)  # fmt: skip
 
 
 class OpenAIServing:
-    """The OpenAI endpoints' logic over one engine.
+    """The OpenAI endpoints over one :class:`Frontend`.
 
     Args:
-        client: a started :class:`EngineClient`.
-        tokenizer: the model's Hugging Face tokenizer.
-        served_model_name: the only accepted ``model`` value.
-        metrics: request metrics to record into (``None``: none).
-        chat_template: a Jinja chat template replacing the tokenizer's own
-            (``--chat-template``); a request's ``chat_template`` wins over both.
+        frontend: the request pipeline.
     """
 
-    def __init__(
-        self,
-        client: EngineClient,
-        tokenizer: Any,
-        served_model_name: str,
-        metrics: RequestMetrics | None = None,
-        chat_template: str | None = None,
-    ):
-        self.client = client
-        self.metrics = metrics
-        self.tokenizer = tokenizer
-        self.model_name = served_model_name
-        self.chat_template = chat_template
-        self.texts = TokenTexts(tokenizer)
-        # Tokenizing a long prompt must not stall other streams: one worker
-        # thread (HF fast tokenizers are not safe to call from several at once).
-        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
-        info = client.info
-        self.vocab_size = int(info.get("vocab_size") or len(tokenizer))
-        # A sequence must fit in the model's context and in the whole KV cache.
-        self.max_model_len = int(info["max_model_len"])
-        blocks, block_size = info.get("num_kv_blocks"), info.get("block_size")
-        if blocks and block_size:
-            self.max_model_len = min(self.max_model_len, int(blocks) * int(block_size))
+    def __init__(self, frontend: Frontend):
+        self.frontend = frontend
+        self.model_name = frontend.model_name
+        self.tokenizer = frontend.tokenizer
+        self.texts = TokenTexts(frontend.tokenizer)
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence in tokens (context and KV cache)."""
+        return self.frontend.max_model_len
 
     # ------------------------------------------------------------ endpoints
 
@@ -265,35 +118,36 @@ class OpenAIServing:
         Returns:
             A JSON response or an SSE ``StreamingResponse``.
         Raises:
-            APIError: 400 bad input, 404 unknown model, 503 engine dead.
+            APIError: 400 bad input, 404 unknown model, 503 engine down.
             EngineOverloadedError: the waiting queue is full (the app answers
                 503 with ``Retry-After``); nothing stays reserved.
         """
-        self._check_model(body.model)
-        prompts, texts = await self.run_tokenizer(self._completion_prompts, body.prompt)
-        max_tokens = body.max_tokens
-        room = self.max_model_len - max(map(len, prompts))
-        if max_tokens is None and room >= 1:  # else the prompt alone is too long: say so
-            max_tokens = min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
-        logprobs = body.logprobs
-        prompt_logprobs = logprobs if body.echo else None
-        setup = self._start(body, prompts, max_tokens, "cmpl", logprobs, prompt_logprobs)
+        self._check_model_name(body.model)
+        prompt = body.prompt
+        if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
+            prompt = [prompt]
+        sampling = self._sampling(body)
+        sampling["logprobs"] = body.logprobs
+        sampling["prompt_logprobs"] = body.logprobs if body.echo else None
+        setup = await self._submit(body, prompt, sampling, "cmpl", COMPLETIONS_DEFAULT_MAX_TOKENS)
         gen = setup.gen
+        want_logprobs = body.logprobs is not None
         try:  # every way out before the requests are sent gives their room back
             echo = None
             if body.echo:
-                echo = [self._echo_text(ids, text) for ids, text in zip(prompts, texts)]
+                echo = [self._echo_text(ids, text)
+                        for ids, text in zip(gen.prompts, setup.texts)]  # fmt: skip
             if body.stream:
-                stream = self._completion_stream(setup, echo, logprobs is not None)
-                return _EventStream(stream, gen.release)
+                return _EventStream(self._completion_stream(setup, echo, want_logprobs),
+                                    gen.release)  # fmt: skip
             await _run_until_disconnect(raw, _consume(gen))
         except BaseException:
             gen.release()
             raise
-        choices = [self._completion_choice(gen, s, echo, logprobs is not None) for s in gen.states]
+        choices = [self._completion_choice(gen, s, echo, want_logprobs) for s in gen.states]
         return CompletionResponse(
             id=setup.request_id, created=setup.created, model=self.model_name, choices=choices,
-            usage=gen.usage(),
+            usage=_usage(gen),
         )  # fmt: skip
 
     def _completion_choice(
@@ -321,23 +175,22 @@ class OpenAIServing:
         Returns:
             A JSON response or an SSE ``StreamingResponse``.
         Raises:
-            APIError: 400 bad input, 404 unknown model, 503 engine dead.
+            APIError: 400 bad input, 404 unknown model, 503 engine down.
             EngineOverloadedError: the waiting queue is full (the app answers
                 503 with ``Retry-After``); nothing stays reserved.
         """
-        self._check_model(body.model)
-        _, ids = await self.run_tokenizer(self._render_chat, body, body.messages)
-        max_tokens = body.max_tokens
+        self._check_model_name(body.model)
+        sampling = self._sampling(body)
         if body.max_completion_tokens is not None:
-            max_tokens = body.max_completion_tokens
+            sampling["max_tokens"] = body.max_completion_tokens
         top = body.top_logprobs
         if top is not None and not 0 <= top <= MAX_LOGPROBS:
             raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}",
                               "top_logprobs")
         if top and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
-        logprobs = (top or 0) if body.logprobs else None
-        setup = self._start(body, [ids], max_tokens, "chatcmpl", logprobs)
+        sampling["logprobs"] = (top or 0) if body.logprobs else None
+        setup = await self._submit(body, _chat_input(body, body.messages), sampling, "chatcmpl")
         gen = setup.gen
         try:  # every way out before the requests are sent gives their room back
             if body.stream:
@@ -358,7 +211,7 @@ class OpenAIServing:
         ]
         return ChatCompletionResponse(
             id=setup.request_id, created=setup.created, model=self.model_name, choices=choices,
-            usage=gen.usage(),
+            usage=_usage(gen),
         )  # fmt: skip
 
     def tokenize(self, body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
@@ -369,13 +222,17 @@ class OpenAIServing:
             APIError: 400 bad input or no chat template, 404 unknown model.
         """
         self._check_model_name(body.model)
-        if isinstance(body, TokenizeChatRequest):
-            _, ids = self._render_chat(body, body.messages)
-        else:
-            _check_text(body.prompt, "prompt")
-            ids = list(self.tokenizer(
-                body.prompt, add_special_tokens=body.add_special_tokens
-            ).input_ids)  # fmt: skip
+        processor = self.frontend.processor
+        try:
+            if isinstance(body, TokenizeChatRequest):
+                _, ids = processor.chat(_chat_input(body, body.messages))
+            else:
+                check_text(body.prompt, "prompt")
+                ids = list(self.tokenizer(
+                    body.prompt, add_special_tokens=body.add_special_tokens
+                ).input_ids)  # fmt: skip
+        except InvalidRequestError as e:
+            raise bad_request(e.message, e.param) from e
         strs = self.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return TokenizeResponse(
             count=len(ids), max_model_len=self.max_model_len, tokens=ids, token_strs=strs
@@ -388,18 +245,15 @@ class OpenAIServing:
             APIError: 400 for a token id outside the vocabulary, 404 unknown model.
         """
         self._check_model_name(body.model)
-        bad = [t for t in body.tokens if not 0 <= t < self.vocab_size]
+        vocab = self.frontend.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
-            raise bad_request(
-                f"token id {bad[0]} is out of range [0, {self.vocab_size})", "tokens"
-            )
+            raise bad_request(f"token id {bad[0]} is out of range [0, {vocab})", "tokens")
         return DetokenizeResponse(prompt=self.tokenizer.decode(body.tokens))
 
     async def run_tokenizer(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` (tokenization, chat templates) on the tokenizer
-        thread, off the event loop; its exceptions propagate."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, fn, *args)
+        """Run ``fn(*args)`` on the pipeline's tokenizer thread."""
+        return await self.frontend.run_tokenizer(fn, *args)
 
     # --------------------------------------------------------------- inputs
 
@@ -407,158 +261,49 @@ class OpenAIServing:
         if model is not None and model != self.model_name:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
 
-    def _check_model(self, model: str | None) -> None:
-        self._check_model_name(model)
-        if not self.client.is_alive:
-            raise APIError(503, f"engine is not running: {self.client.unavailable_reason}")
-
-    def _start(
-        self, body: Any, prompts: list[list[int]], max_tokens: int | None, prefix: str,
-        logprobs: int | None = None, prompt_logprobs: int | None = None,
-    ) -> _Setup:
-        """Validate sampling, then set up the generation of one HTTP request.
-
-        The requests' room in the waiting queue is reserved here; the
-        generation holds the reservation (see :meth:`Generation.release`).
+    async def _submit(self, body: Any, prompts: Any, sampling: dict, prefix: str,
+                      default_max_tokens: int | None = None) -> _Setup:  # fmt: skip
+        """Hand the request to the pipeline; its errors become HTTP errors.
 
         Raises:
-            APIError: 400 for bad sampling parameters.
+            APIError: 400 bad input, 503 engine down.
             EngineOverloadedError: the waiting queue is full (nothing reserved).
         """
-        params = self._sampling_params(body, max_tokens, prompts, logprobs, prompt_logprobs)
-        # EngineOverloadedError (503 with Retry-After) when the queue is full;
-        # else the room is reserved now, before any other request is checked.
-        reservation = self.client.check_capacity(
-            len(prompts) * params.n, sum(map(len, prompts)) * params.n
-        )
-        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        options = RequestOptions(
+            request_id_prefix=prefix, priority=body.priority, cache_salt=body.cache_salt,
+            default_max_tokens=default_max_tokens,
+        )  # fmt: skip
         try:
-            gen = Generation(
-                self.client, self.tokenizer, request_id, prompts, params, self.max_model_len,
-                body.priority, self.metrics, reservation,
-            )  # fmt: skip
-        except BaseException:
-            reservation.release()
-            raise
+            sub: Submitted = await self.frontend.submit(prompts, sampling, options)
+        except InvalidRequestError as e:
+            raise bad_request(e.message, e.param) from e
+        except EngineDeadError as e:
+            raise APIError(503, str(e)) from e
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         return _Setup(
-            gen, request_id, int(time.time()), include_usage,
-            include_usage and bool(opts.continuous_usage_stats),
+            sub.generation, sub.generation.request_id, sub.created, include_usage,
+            include_usage and bool(opts.continuous_usage_stats), sub.prompt_texts,
         )  # fmt: skip
 
-    def _completion_prompts(self, prompt: Any) -> tuple[list[list[int]], list[str | None]]:
-        """Token ids of each prompt, and its text when it was given as text."""
-        if isinstance(prompt, str):
-            prompt = [prompt]
-        if not prompt:
-            raise bad_request("prompt must not be empty", "prompt")
-        if all(isinstance(t, int) for t in prompt):
-            prompt = [prompt]
-        out, texts = [], []
-        for p in prompt:
-            if isinstance(p, str):
-                _check_text(p, "prompt")
-            ids = self.tokenizer(p).input_ids if isinstance(p, str) else list(p)
-            if not ids:
-                raise bad_request("prompt must not be empty", "prompt")
-            check_prompt_ids(ids, self.vocab_size)
-            out.append(ids)
-            texts.append(p if isinstance(p, str) else None)
-        return out, texts
-
-    def _echo_text(self, ids: list[int], text: str | None) -> str:
-        """The prompt as echoed: its text, or its tokens decoded (special tokens kept)."""
-        return text if text is not None else self.tokenizer.decode(ids)
-
-    def _render_chat(self, body: Any, messages: list[ChatMessage]) -> tuple[str, list[int]]:
-        """Messages through the chat template (the request's, the server's or
-        the model's). Raises APIError 400 naming the field at fault."""
-        if not messages:
-            raise bad_request("messages must not be empty", "messages")
-        converted = []
-        for m in messages:
-            content = m.content
-            if isinstance(content, list):
-                if any(p.type != "text" for p in content):
-                    raise bad_request("only text content parts are supported", "messages")
-                content = "".join(p.text or "" for p in content)
-            _check_text(m.role, "messages")
-            _check_text(content or "", "messages")
-            converted.append({"role": m.role, "content": content or ""})
-        if body.chat_template is not None:
-            _check_text(body.chat_template, "chat_template")
-        try:
-            return render_chat(
-                self.tokenizer, converted,
-                chat_template=body.chat_template or self.chat_template,
-                add_generation_prompt=body.add_generation_prompt,
-                continue_final_message=body.continue_final_message,
-                add_special_tokens=body.add_special_tokens,
-            )  # fmt: skip
-        except ChatTemplateError as e:
-            raise bad_request(str(e), e.param) from e
-
-    def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float] | None:
-        """JSON ``logit_bias`` (string keys) to ``{token id: bias}``, ids checked."""
-        if not bias:
-            return None
-        out = {}
-        for key, value in bias.items():
-            try:
-                token = int(key)
-            except ValueError:
-                raise bad_request(
-                    f"logit_bias keys must be token ids, got {key!r}", "logit_bias"
-                ) from None
-            if not 0 <= token < self.vocab_size:
-                raise bad_request(
-                    f"logit_bias token id {token} is out of range [0, {self.vocab_size})",
-                    "logit_bias",
-                )
-            out[token] = value
-        return out
-
-    def _sampling_params(
-        self, body: Any, max_tokens: int | None, prompts: list[list[int]],
-        logprobs: int | None = None, prompt_logprobs: int | None = None,
-    ) -> SamplingParams:
-        longest = max(len(p) for p in prompts)
+    def _sampling(self, body: Any) -> dict[str, Any]:
+        """The body's :class:`SamplingParams` fields (those it set), in their
+        engine form (``logit_bias`` keys as token ids)."""
         if body.best_of is not None and body.best_of != body.n:
             raise bad_request(
                 f"best_of must equal n ({body.n}): sampling best_of candidates and returning "
                 "the n most likely is not supported; use n",
                 "best_of",
             )
-        stop = body.stop
-        try:
-            params = SamplingParams(
-                n=body.n,
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                top_k=-1 if body.top_k is None else body.top_k,
-                min_p=0.0 if body.min_p is None else body.min_p,
-                seed=body.seed,
-                max_tokens=max_tokens,
-                stop=[stop] if isinstance(stop, str) else list(stop or []),
-                stop_token_ids=list(body.stop_token_ids or []),
-                ignore_eos=body.ignore_eos,
-                presence_penalty=body.presence_penalty or 0.0,
-                frequency_penalty=body.frequency_penalty or 0.0,
-                repetition_penalty=(
-                    1.0 if body.repetition_penalty is None else body.repetition_penalty
-                ),
-                min_tokens=body.min_tokens,
-                logit_bias=self._logit_bias(body.logit_bias),
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-                include_stop_str_in_output=body.include_stop_str_in_output,
-                skip_special_tokens=body.skip_special_tokens,
-            )
-        except ValueError as e:
-            raise bad_request(str(e), param_of(e)) from e
-        check_model_limits(params, longest, self.max_model_len, self.vocab_size)
-        return params
+        fields = {name: value for name in SAMPLING_FIELDS
+                  if (value := getattr(body, name)) is not None}  # fmt: skip
+        if "logit_bias" in fields:
+            fields["logit_bias"] = _logit_bias(fields["logit_bias"])
+        return fields
+
+    def _echo_text(self, ids: list[int], text: str | None) -> str:
+        """The prompt as echoed: its text, or its tokens decoded (special tokens kept)."""
+        return text if text is not None else self.tokenizer.decode(ids)
 
     # -------------------------------------------------------------- streams
 
@@ -569,7 +314,7 @@ class OpenAIServing:
 
         def chunk(choices: list, usage: UsageInfo | None = None) -> str:
             if usage is None and setup.continuous_usage:
-                usage = setup.gen.usage()
+                usage = _usage(setup.gen)
             c = model_cls(
                 id=setup.request_id, created=setup.created, model=self.model_name,
                 choices=choices, usage=usage,
@@ -615,7 +360,7 @@ class OpenAIServing:
                 yield _event("[DONE]")
                 return
         if setup.include_usage:
-            yield chunk([], gen.usage())
+            yield chunk([], _usage(gen))
         yield _event("[DONE]")
 
     async def _chat_stream(self, setup: _Setup, want_logprobs: bool) -> AsyncIterator[str]:
@@ -644,72 +389,46 @@ class OpenAIServing:
                 yield _event("[DONE]")
                 return
         if setup.include_usage:
-            yield chunk([], gen.usage())
+            yield chunk([], _usage(gen))
         yield _event("[DONE]")
 
 
 # ------------------------------------------------------------------ helpers
 
 
-def check_prompt_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> None:
-    """400 unless every prompt token id is in ``[0, vocab_size)``.
+def _chat_input(body: Any, messages: list[ChatMessage]) -> ChatInput:
+    """Chat messages (text parts joined) and the body's template settings.
 
     Raises:
-        APIError: 400 naming ``param``.
+        APIError: 400 for a content part that is not text.
     """
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise bad_request(f"prompt token id {bad[0]} is out of range [0, {vocab_size})", param)
+    converted = []
+    for m in messages:
+        content = m.content
+        if isinstance(content, list):
+            if any(p.type != "text" for p in content):
+                raise bad_request("only text content parts are supported", "messages")
+            content = "".join(p.text or "" for p in content)
+        converted.append({"role": m.role, "content": content})
+    return ChatInput(converted, body.chat_template, body.add_generation_prompt,
+                     body.continue_final_message, body.add_special_tokens)  # fmt: skip
 
 
-def check_model_limits(
-    params: SamplingParams, prompt_len: int, max_model_len: int, vocab_size: int
-) -> None:
-    """400 when validated ``params`` do not fit the model: token ids outside the
-    vocabulary, or a prompt of ``prompt_len`` tokens plus ``max_tokens`` (or
-    ``min_tokens`` when ``max_tokens`` is ``None``) over ``max_model_len`` tokens.
-    The message gives both lengths, as OpenAI's does.
+def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
+    """JSON ``logit_bias`` (string keys) to ``{token id: bias}`` (ids are range
+    checked by the pipeline).
 
     Raises:
-        APIError: 400 naming ``stop_token_ids``, ``prompt``, ``min_tokens`` or
-            ``max_tokens``.
+        APIError: 400 for a key that is not an integer.
     """
-    if any(not 0 <= t < vocab_size for t in params.stop_token_ids):
-        raise bad_request(f"stop_token_ids must be in [0, {vocab_size})", "stop_token_ids")
-    bad = [t for t in (params.logit_bias or {}) if not 0 <= t < vocab_size]
-    if bad:
-        raise bad_request(
-            f"logit_bias token id {bad[0]} is out of range [0, {vocab_size})", "logit_bias"
-        )
-    limit = max_model_len
-    if params.max_tokens is None:
-        if prompt_len >= limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens, but the prompt "
-                f"has {prompt_len} tokens, leaving no room for the completion. "
-                "Please reduce the length of the prompt.",
-                "prompt",
-            )
-        if params.min_tokens > limit - prompt_len:
-            raise bad_request(
-                f"min_tokens ({params.min_tokens}) does not fit in the context after the "
-                f"prompt ({prompt_len} of {limit} tokens)",
-                "min_tokens",
-            )
-    elif prompt_len + params.max_tokens > limit:
-        raise bad_request(
-            f"This model's maximum context length is {limit} tokens. However, you "
-            f"requested {prompt_len + params.max_tokens} tokens ({prompt_len} in the prompt, "
-            f"{params.max_tokens} for the completion). Please reduce the length of the "
-            "prompt or max_tokens.",
-            "max_tokens",
-        )
-
-
-def param_of(error: ValueError) -> str | None:
-    """The parameter a :class:`SamplingParams` ``ValueError`` names (its first word)."""
-    m = _PARAM_RE.match(str(error))
-    return m.group(1) if m else None
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}",
+                              "logit_bias") from None  # fmt: skip
+    return out
 
 
 def _event(data: str) -> str:

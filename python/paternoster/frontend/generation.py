@@ -1,0 +1,135 @@
+"""One API request in flight: its choices, run side by side, as one stream of deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from paternoster.frontend.admission import Reservation
+from paternoster.frontend.engine_client import EngineClient
+from paternoster.frontend.output_processor import SequenceState, fan_out
+from paternoster.metrics.requests import RequestMetrics
+from paternoster.outputs import ChoiceDelta
+from paternoster.sampling_params import SamplingParams
+
+_DONE = object()
+
+
+class Generation:
+    """The choices of one API request: ``n`` per prompt, choice ``p * n + i``
+    for prompt ``p``.
+
+    Args:
+        client: the engine client.
+        tokenizer: for detokenization.
+        request_id: id of the API request (engine ids append ``-<choice>``).
+        prompts: tokenized prompts.
+        params: validated sampling params (``n`` choices per prompt,
+            ``max_tokens`` set).
+        priority: scheduling priority (lower runs first).
+        cache_salt: prefix-cache salt of every choice.
+        arrival_time: ``time.time()`` the request arrived.
+        metrics: where the request's latencies, tokens and finish reason are
+            recorded, once per API request (``None``: not recorded).
+        reservation: the waiting-queue room reserved for these choices. Each
+            choice takes its share when it is sent; :meth:`deltas` gives back
+            the rest when it ends, and :meth:`release` does when it never runs.
+    """
+
+    def __init__(self, client: EngineClient, tokenizer: Any, request_id: str,
+                 prompts: list[list[int]], params: SamplingParams, priority: int = 0,
+                 cache_salt: str | None = None, arrival_time: float | None = None,
+                 metrics: RequestMetrics | None = None,
+                 reservation: Reservation | None = None):  # fmt: skip
+        self.client = client
+        self.metrics = metrics
+        self.reservation = reservation
+        self.request_id = request_id
+        self.prompts = prompts
+        self.n = params.n
+        self.jobs = []
+        for p, ids in enumerate(prompts):
+            for index, req in fan_out(request_id, ids, params, p * params.n, priority,
+                                      cache_salt, arrival_time):  # fmt: skip
+                self.jobs.append((req, SequenceState(index, tokenizer, ids, req.sampling_params)))
+
+    def release(self) -> None:
+        """Give back the reserved waiting-queue room of the choices not sent to
+        the engine (all of them when :meth:`deltas` never ran). Idempotent."""
+        if self.reservation is not None:
+            self.reservation.release()
+
+    @property
+    def states(self) -> list[SequenceState]:
+        """Per-choice states, ordered by choice index."""
+        return [s for _, s in self.jobs]
+
+    def prompt_index(self, choice_index: int) -> int:
+        """The prompt a choice belongs to (choices ``p * n .. p * n + n - 1``)."""
+        return choice_index // self.n
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens, each prompt once."""
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens delivered so far, all choices."""
+        return sum(len(s.token_ids) for s in self.states)
+
+    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        """Run every choice concurrently and yield their deltas as they come.
+
+        Closing this iterator aborts the engine requests still running and
+        releases the reserved room of choices that were never sent.
+
+        Raises:
+            EngineDeadError, RequestRejectedError, EngineOverloadedError: from
+                the engine client (the other choices are aborted).
+        """
+        queue: asyncio.Queue = asyncio.Queue()
+        tracker = self.metrics.track(self.num_prompt_tokens) if self.metrics else None
+        reasons: list[str] = []
+
+        async def run(req, state: SequenceState) -> None:
+            reason = "abort"  # unless it ends below: cancelled (client gone)
+            try:
+                outputs = self.client.generate(req, self.reservation)
+                async with contextlib.aclosing(outputs):
+                    async for out in outputs:
+                        if tracker is not None:
+                            tracker.on_output(out)
+                        queue.put_nowait(state.process(out))
+                        if state.finished:
+                            break  # closing the iterator aborts a stop-string match
+                reason = state.finish_reason or "abort"
+            except Exception as e:
+                reason = "error"
+                queue.put_nowait(e)
+            finally:
+                reasons.append(reason)
+                queue.put_nowait(_DONE)
+
+        tasks = [asyncio.create_task(run(req, state)) for req, state in self.jobs]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                item = await queue.get()
+                if item is _DONE:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()  # a task not started yet never sends its request
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*tasks, return_exceptions=True)
+            self.release()
+            if tracker is not None:
+                reasons += ["abort"] * (len(tasks) - len(reasons))
+                tracker.finish(reasons, self.num_generated_tokens)

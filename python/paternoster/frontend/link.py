@@ -1,0 +1,154 @@
+"""The frontend's end of the ZeroMQ link to one engine process.
+
+Two ``ipc://`` sockets in a private temp dir: a PUSH the frontend sends
+:data:`~paternoster.engine.messages.ToEngine` messages on and a PULL it
+receives :data:`~paternoster.engine.messages.FromEngine` messages from (the
+engine process connects to both). Sends go through an outbox so callers never
+await the socket; received messages are dispatched by type to the handler
+that owns them. Every message received, heartbeats included, stamps
+:attr:`EngineLink.last_seen`, the supervisor's evidence that the engine lives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from paternoster.engine.codec import (
+    AsyncPullQueue,
+    AsyncPushQueue,
+    CodecError,
+    MessageCodec,
+)
+from paternoster.engine.messages import FromEngine, ToEngine
+
+logger = logging.getLogger("paternoster.frontend")
+
+
+class EngineLink:
+    """Sockets, outbox and receive loop of one engine link.
+
+    Args:
+        handlers: ``{message type: handler(msg)}`` for the messages received
+            after :meth:`run` starts (unknown types are logged and dropped).
+    """
+
+    def __init__(self, handlers: dict[type, Callable[[Any], None]]):
+        self.handlers = handlers
+        self.input_address = self.output_address = ""
+        self.last_seen = 0.0  # time.monotonic() of the latest message from the engine
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tmpdir: str | None = None
+        self._push: AsyncPushQueue | None = None
+        self._pull: AsyncPullQueue | None = None
+        self._outbox: asyncio.Queue = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+
+    def bind(self) -> tuple[str, str]:
+        """Create the private socket dir and bind both sockets.
+
+        Returns:
+            ``(input address, output address)``: where the engine PULLs its
+            inputs from and PUSHes its outputs to.
+        """
+        self._tmpdir = tempfile.mkdtemp(prefix="paternoster-")
+        self.input_address = f"ipc://{self._tmpdir}/in"
+        self.output_address = f"ipc://{self._tmpdir}/out"
+        self._ctx = zmq.asyncio.Context()
+        push = self._ctx.socket(zmq.PUSH)
+        pull = self._ctx.socket(zmq.PULL)
+        push.setsockopt(zmq.LINGER, 0)
+        pull.setsockopt(zmq.LINGER, 0)
+        push.bind(self.input_address)
+        pull.bind(self.output_address)
+        self._push = AsyncPushQueue(push, MessageCodec(ToEngine))
+        self._pull = AsyncPullQueue(pull, MessageCodec(FromEngine))
+        return self.input_address, self.output_address
+
+    def check_sendable(self, msg: msgspec.Struct) -> None:
+        """Refuse now what the send loop could not encode.
+
+        Raises:
+            CodecError: ``msg`` cannot be encoded within the frame limit.
+        """
+        self._push.codec.encode(msg)
+
+    def send(self, msg: msgspec.Struct) -> None:
+        """Queue ``msg`` for the engine (never blocks; sent in order)."""
+        self._outbox.put_nowait(msg)
+
+    def clear_outbox(self) -> None:
+        """Drop what is queued and not sent (meant for an engine that died)."""
+        while not self._outbox.empty():
+            self._outbox.get_nowait()
+
+    async def send_now(self, msg: msgspec.Struct) -> None:
+        """Send ``msg`` before anything queued (the handshake, the goodbye).
+
+        Raises:
+            CodecError: ``msg`` cannot be encoded.
+        """
+        await self._push.put(msg)
+
+    async def receive(self) -> Any:
+        """The next well-formed message, before :meth:`run` (the handshake).
+        Malformed frames are logged and skipped."""
+        while True:
+            try:
+                msg = await self._pull.get()
+            except CodecError as e:
+                logger.error("dropping malformed frame from engine: %s", e)
+                continue
+            self.last_seen = time.monotonic()
+            return msg
+
+    def run(self) -> None:
+        """Start the send and receive loops (after the handshake)."""
+        self.last_seen = time.monotonic()
+        self._tasks = [asyncio.create_task(self._send_loop()),
+                       asyncio.create_task(self._recv_loop())]  # fmt: skip
+
+    async def close(self) -> None:
+        """Stop the loops, close the sockets and remove the socket dir. Idempotent."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        self._tasks = []
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    async def _send_loop(self) -> None:
+        while True:
+            msg = await self._outbox.get()
+            try:
+                await self._push.put(msg)
+            except CodecError as e:  # never let one bad message stop the loop
+                logger.error("dropping a message the codec refused: %s", e)
+
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = await self.receive()
+            handler = self.handlers.get(type(msg))
+            if handler is None:
+                logger.error("dropping an unexpected %s message", type(msg).__name__)
+                continue
+            try:
+                handler(msg)
+            except Exception:  # one message must never stop the loop
+                logger.exception("error handling a %s message", type(msg).__name__)

@@ -1,0 +1,98 @@
+"""The one validation of every limit (InputProcessor), against the tokenizer and
+the OpenAI rules it implements."""
+
+from __future__ import annotations
+
+import pytest
+
+from paternoster.frontend.errors import InvalidRequestError
+from paternoster.frontend.processor import ChatInput, InputProcessor
+
+MAX_LEN = 64
+
+
+@pytest.fixture
+def processor(tokenizer):
+    return InputProcessor(tokenizer, len(tokenizer), MAX_LEN, max_n=4, max_stop=2)
+
+
+def _param(excinfo) -> str | None:
+    return excinfo.value.param
+
+
+def test_default_max_tokens_is_capped_by_the_room_the_prompt_leaves(processor):
+    assert processor.sampling_params({}, [10], default_max_tokens=16).max_tokens == 16
+    assert processor.sampling_params({}, [60], default_max_tokens=16).max_tokens == 4
+    assert processor.sampling_params({}, [10]).max_tokens == MAX_LEN - 10  # chat: all the room
+    assert processor.sampling_params({}, [10, 50], default_max_tokens=16).max_tokens == 14
+
+
+def test_a_prompt_that_fills_the_context_names_the_prompt(processor):
+    with pytest.raises(InvalidRequestError, match=f"maximum context length is {MAX_LEN}") as e:
+        processor.sampling_params({}, [MAX_LEN], default_max_tokens=16)
+    assert _param(e) == "prompt"
+
+
+def test_prompt_plus_max_tokens_over_the_context_names_both_lengths(processor):
+    with pytest.raises(InvalidRequestError, match="60 in the prompt, 10 for the completion") as e:
+        processor.sampling_params({"max_tokens": 10}, [60])
+    assert _param(e) == "max_tokens"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"n": 5}, "n"),
+    ({"stop": ["a", "b", "c"]}, "stop"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"logprobs": 21}, "logprobs"),
+    ({"stop_token_ids": [10**9]}, "stop_token_ids"),
+    ({"logit_bias": {10**9: 1.0}}, "logit_bias"),
+    ({"min_tokens": 30, "max_tokens": 20}, "min_tokens"),
+])  # fmt: skip
+def test_out_of_range_fields_are_named(processor, fields, param):
+    with pytest.raises(InvalidRequestError) as e:
+        processor.sampling_params(fields, [5], default_max_tokens=16)
+    assert _param(e) == param
+
+
+def test_one_stop_string_becomes_a_list(processor):
+    assert processor.sampling_params({"stop": "\n"}, [5], 16).stop == ["\n"]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(processor, tokenizer):
+    with pytest.raises(InvalidRequestError, match="out of range") as e:
+        processor.prompt([1, len(tokenizer)], param="prompt_token_ids")
+    assert _param(e) == "prompt_token_ids"
+    with pytest.raises(InvalidRequestError, match="must not be empty"):
+        processor.prompt([])
+
+
+def test_text_prompt_matches_the_tokenizer(processor, tokenizer):
+    assert processor.prompt("Hello there") == tokenizer("Hello there").input_ids
+    with pytest.raises(InvalidRequestError, match="not valid Unicode"):
+        processor.prompt("bad \udc80 text")
+
+
+def test_a_user_message_without_content_is_refused(processor):
+    """OpenAI answers 400; before, it generated to the end of the context."""
+    with pytest.raises(InvalidRequestError, match="'user' message must have content") as e:
+        processor.chat(ChatInput([{"role": "user", "content": None}]))
+    assert _param(e) == "messages"
+
+
+def test_an_assistant_message_may_have_no_content(processor, tokenizer):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
+                {"role": "user", "content": "Again"}]  # fmt: skip
+    text, ids = processor.chat(ChatInput(messages))
+    expected = [{**m, "content": m["content"] or ""} for m in messages]
+    assert text == tokenizer.apply_chat_template(expected, add_generation_prompt=True,
+                                                 tokenize=False)  # fmt: skip
+    assert ids == tokenizer(text, add_special_tokens=False).input_ids
+
+
+def test_fit_fills_max_tokens_none_with_the_room(processor):
+    from paternoster.sampling_params import SamplingParams
+
+    assert processor.fit(SamplingParams(max_tokens=None), 24).max_tokens == MAX_LEN - 24
+    with pytest.raises(InvalidRequestError):
+        processor.fit(SamplingParams(max_tokens=50), 24)
