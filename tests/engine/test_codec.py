@@ -9,6 +9,7 @@ import zmq
 from paternoster.engine.codec import (
     PROTOCOL_VERSION,
     CodecError,
+    MessageCodec,
     PullQueue,
     PushQueue,
     decode,
@@ -16,19 +17,31 @@ from paternoster.engine.codec import (
     message,
     message_type,
 )
-from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
+from paternoster.engine.messages import (
+    Abort,
+    Add,
+    EngineCoreOutput,
+    EngineCoreRequest,
+    FromEngine,
+    Outputs,
+    Shutdown,
+    ToEngine,
+)
 from paternoster.sampling_params import SamplingParams
 
 
-def test_round_trip_of_request_and_output_maps():
-    req = EngineCoreRequest("r1", [1, 2, 3], SamplingParams(temperature=0, stop=["x"]))
+def test_round_trip_of_request_and_output_messages():
+    req = EngineCoreRequest("r1", [1, 2, 3], SamplingParams(temperature=0, stop=["x"],
+                                                            logit_bias={5: -1.5}))  # fmt: skip
     out = EngineCoreOutput("r1", [7], "stop", 7, None, 3)
-    msg = message("outputs", request=req.to_wire(), outputs=[out.to_wire()], blob=b"\x00\xff")
-    back = decode(encode(msg))
-    assert back["v"] == PROTOCOL_VERSION and message_type(back) == "outputs"
-    assert EngineCoreRequest.from_wire(back["request"]) == req
-    assert EngineCoreOutput.from_wire(back["outputs"][0]) == out
-    assert back["blob"] == b"\x00\xff"
+    to_engine, from_engine = MessageCodec(ToEngine), MessageCodec(FromEngine)
+    back = to_engine.decode(to_engine.encode(Add(request=req)))
+    assert isinstance(back, Add) and back.request == req
+    got = from_engine.decode(from_engine.encode(Outputs(outputs=[out], stats={"n": 1})))
+    assert isinstance(got, Outputs) and got.outputs == [out] and got.stats == {"n": 1}
+    with pytest.raises(CodecError, match="malformed"):  # an engine-bound message this way
+        from_engine.decode(to_engine.encode(Add(request=req)))
+    assert encode(message("x", blob=b"\x00\xff")) and PROTOCOL_VERSION == 1
 
 
 @pytest.mark.parametrize(
@@ -97,17 +110,18 @@ def test_queues_deliver_maps_and_surface_bad_frames():
         pull_sock, push_sock = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
         port = pull_sock.bind_to_random_port("tcp://127.0.0.1")
         push_sock.connect(f"tcp://127.0.0.1:{port}")
-        pull, push = PullQueue(pull_sock, max_frame_bytes=1000), PushQueue(push_sock)
-        push.put(message("abort", request_ids=["a", "b"]))
+        pull = PullQueue(pull_sock, MessageCodec(ToEngine, max_frame_bytes=1000))
+        push = PushQueue(push_sock, MessageCodec(ToEngine))
+        push.put(Abort(request_ids=["a", "b"]))
         push_sock.send(b"\xc1garbage")
-        push.put(message("shutdown"))
+        push.put(Shutdown())
         assert pull.poll(2000)
-        assert pull.get()["request_ids"] == ["a", "b"]
+        assert pull.get().request_ids == ["a", "b"]
         assert pull.poll(2000)
         with pytest.raises(CodecError):
             pull.get()
         assert pull.poll(2000)
-        assert message_type(pull.get_nowait()) == "shutdown"
+        assert isinstance(pull.get_nowait(), Shutdown)
         assert pull.get_nowait() is None
     finally:
         ctx.destroy(linger=0)
