@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 _GREEDY_EPS = 1e-5
 MAX_N = 128  # most completions per request
@@ -176,6 +177,33 @@ class SamplingParams:
                     f"got {b!r} for token {t}"
                 )
 
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Check every token-id field against the vocabulary.
+
+        Raises:
+            ValueError: naming the first field with an id outside ``[0, vocab_size)``.
+        """
+        for name, ids in self._token_id_fields():
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]}")
+
+    def _token_id_fields(self) -> list[tuple[str, list[int]]]:
+        """``(field, token ids)`` of every field that holds token ids."""
+        return [("stop_token_ids", self.stop_token_ids),
+                ("logit_bias", list(self.logit_bias or ()))]  # fmt: skip
+
+    def prepare(self, tokenizer: Any) -> SamplingParams:
+        """These params with the fields derived through the tokenizer filled in
+        (the frontend calls it once per request; the engine has no tokenizer).
+
+        Args:
+            tokenizer: the model's Hugging Face tokenizer.
+        Returns:
+            ``self`` when nothing is derived, else a new :class:`SamplingParams`.
+        """
+        return self
+
     def to_dict(self) -> dict:
         """Plain dict of the fields (msgpack-safe)."""
         return {
@@ -210,6 +238,13 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling fields: {sorted(unknown)}")
         return cls(**d)
+
+
+def request_fields() -> tuple[str, ...]:
+    """The fields a request may set (every field not marked ``derived``: those
+    are filled in by :meth:`SamplingParams.prepare`). The HTTP and ZeroMQ
+    protocols take their sampling fields from here."""
+    return tuple(f.name for f in fields(SamplingParams) if not f.metadata.get("derived"))
 
 
 def _is_int(v: object) -> bool:

@@ -10,10 +10,9 @@ no pickle, no msgpack ext types.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from paternoster.sampling_params import SamplingParams
+from paternoster.sampling_params import request_fields
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -61,7 +60,7 @@ DEFAULT_MAX_TOKENS = 16  # a generate without sampling.max_tokens (capped by the
 
 # The fields of a generate message's "sampling" map (all optional): every
 # SamplingParams field but n (one request, one sequence).
-SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams) if f.name != "n")
+SAMPLING_FIELDS = tuple(f for f in request_fields() if f != "n")
 
 
 def message(type_: str, **fields: Any) -> dict:

@@ -165,7 +165,7 @@ class EngineCore:
                 include the time the request spent in the frontend and on the
                 link. (The simulator passes the trace's times.)
         Raises:
-            ValueError: empty prompt, token id (prompt or ``logit_bias``) outside
+            ValueError: empty prompt, token id (prompt or any token-id sampling field) outside
                 the vocabulary, ``n != 1``,
                 prompt (+ ``max_tokens``) longer than ``max_model_len``, or a
                 duplicate live ``request_id``.
@@ -177,8 +177,7 @@ class EngineCore:
         vocab = self.runner.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        params.check_token_ids(vocab)
         if params.n != 1:
             raise ValueError("the engine takes n=1 requests; the frontend fans out n > 1")
         if len(ids) >= self.max_model_len:

@@ -14,7 +14,6 @@ an ``error`` message.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import types
 import typing
@@ -23,7 +22,7 @@ from typing import Annotated, Any
 import msgspec
 
 from paternoster.client import protocol as p
-from paternoster.sampling_params import SamplingParams
+from paternoster.sampling_params import SamplingParams, request_fields
 
 _INT64 = 2**63
 
@@ -75,8 +74,8 @@ def _wire_type(name: str, hint: Any) -> Any:
 
 def _sampling_struct() -> type[msgspec.Struct]:
     hints = typing.get_type_hints(SamplingParams)
-    fields = [(f.name, _wire_type(f.name, hints[f.name]), None)
-              for f in dataclasses.fields(SamplingParams) if f.name != "n"]  # fmt: skip
+    fields = [(name, _wire_type(name, hints[name]), None)
+              for name in request_fields() if name != "n"]  # fmt: skip
 
     def to_fields(self: Any) -> dict[str, Any]:
         """The :class:`SamplingParams` fields the message set (others: default)."""

@@ -196,7 +196,7 @@ class InputProcessor:
             max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
             fields["max_tokens"] = max_tokens if room >= 1 else None  # None: say it is too long
         try:
-            params = SamplingParams(**fields)
+            params = SamplingParams(**fields).prepare(self.tokenizer)
         except ValueError as e:
             raise InvalidRequestError(str(e), param_of(e)) from e
         except TypeError as e:  # an unknown field: a protocol mapping bug, not user input
@@ -221,14 +221,10 @@ class InputProcessor:
     def _check_limits(self, params: SamplingParams, prompt_len: int) -> None:
         """Token ids against the vocabulary, prompt plus ``max_tokens`` against
         the context (the message gives both lengths, as OpenAI's does)."""
-        vocab = self.vocab_size
-        if any(not 0 <= t < vocab for t in params.stop_token_ids):
-            raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab})", "stop_token_ids")
-        bad = [t for t in (params.logit_bias or {}) if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"logit_bias token id {bad[0]} is out of range [0, {vocab})", "logit_bias"
-            )
+        try:
+            params.check_token_ids(self.vocab_size)
+        except ValueError as e:
+            raise InvalidRequestError(str(e), param_of(e)) from e
         limit = self.max_model_len
         if params.max_tokens is None:
             raise InvalidRequestError(

@@ -9,7 +9,6 @@ messages match the offline API's.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import typing
 from typing import Any, Literal
@@ -25,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from paternoster.sampling_params import SamplingParams
+from paternoster.sampling_params import SamplingParams, request_fields
 
 
 class _Request(BaseModel):
@@ -98,9 +97,7 @@ class _OpenAIFields(_Request):
 # Set per endpoint: completions' integer ``logprobs`` and chat's boolean one.
 _PER_ENDPOINT = frozenset({"logprobs", "prompt_logprobs"})
 
-SAMPLING_FIELDS = tuple(
-    f.name for f in dataclasses.fields(SamplingParams) if f.name not in _PER_ENDPOINT
-)
+SAMPLING_FIELDS = tuple(f for f in request_fields() if f not in _PER_ENDPOINT)
 """The :class:`SamplingParams` fields a request body carries under their own names."""
 
 
