@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -61,6 +62,13 @@ class SamplingParams:
         include_stop_str_in_output: keep the matched stop string (or the stop
             token's text) in the returned text.
         skip_special_tokens: leave special tokens out of the returned text.
+        allowed_token_ids: only these token ids may be generated (vLLM); every
+            other logit is -inf. ``None``: all. A non-empty list of ids.
+        bad_words: words never generated (vLLM): each word's token sequence,
+            with and without a leading space, is banned: its last token is
+            masked whenever the output ends with the tokens before it.
+        bad_words_token_ids: (derived by :meth:`prepare` from ``bad_words``;
+            not a request field) the token sequences to ban.
         needs_logits_processing: (derived, set by :meth:`validate`) True when
             penalties, ``logit_bias`` or ``min_tokens`` change the logits.
     Raises:
@@ -86,6 +94,10 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = field(default=None,
+                                                        metadata={"derived": True})  # fmt: skip
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -147,10 +159,20 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (not _is_int(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}")
+        if self.allowed_token_ids is not None and (
+            not isinstance(self.allowed_token_ids, list) or not self.allowed_token_ids
+            or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)
+        ):
+            raise ValueError("allowed_token_ids must be a non-empty list of token ids")
+        if self.bad_words is not None and not all(
+            isinstance(w, str) and w.strip() for w in self.bad_words
+        ):
+            raise ValueError("bad_words must be a list of non-empty strings")
         # A plain attribute, not a property: the engine reads it for every row every step.
         self.needs_logits_processing = bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-            or self.min_tokens or self.logit_bias
+            or self.min_tokens or self.logit_bias or self.allowed_token_ids
+            or self.bad_words_token_ids
         )
 
     def _validate_processing(self) -> None:
@@ -191,7 +213,8 @@ class SamplingParams:
     def _token_id_fields(self) -> list[tuple[str, list[int]]]:
         """``(field, token ids)`` of every field that holds token ids."""
         return [("stop_token_ids", self.stop_token_ids),
-                ("logit_bias", list(self.logit_bias or ()))]  # fmt: skip
+                ("logit_bias", list(self.logit_bias or ())),
+                ("allowed_token_ids", self.allowed_token_ids or [])]  # fmt: skip
 
     def prepare(self, tokenizer: Any) -> SamplingParams:
         """These params with the fields derived through the tokenizer filled in
@@ -202,7 +225,10 @@ class SamplingParams:
         Returns:
             ``self`` when nothing is derived, else a new :class:`SamplingParams`.
         """
-        return self
+        if not self.bad_words or self.bad_words_token_ids is not None:
+            return self
+        return dataclasses.replace(self, bad_words_token_ids=_bad_words_token_ids(
+            self.bad_words, tokenizer))  # fmt: skip
 
     def to_dict(self) -> dict:
         """Plain dict of the fields (msgpack-safe)."""
@@ -228,6 +254,9 @@ class SamplingParams:
             "prompt_logprobs": self.prompt_logprobs,
             "include_stop_str_in_output": bool(self.include_stop_str_in_output),
             "skip_special_tokens": bool(self.skip_special_tokens),
+            "allowed_token_ids": self.allowed_token_ids,
+            "bad_words": self.bad_words,
+            "bad_words_token_ids": self.bad_words_token_ids,
         }
 
     @classmethod
@@ -238,6 +267,21 @@ class SamplingParams:
         if unknown:
             raise ValueError(f"unknown sampling fields: {sorted(unknown)}")
         return cls(**d)
+
+
+def _bad_words_token_ids(words: list[str], tokenizer: Any) -> list[list[int]]:
+    """Each word's token ids, as written and after a space (a word inside text
+    usually follows one), after vLLM: the spaced form is kept when it is a
+    different first token of the same length."""
+    out: list[list[int]] = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if plain:
+            out.append(plain)
+        if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+            out.append(spaced)
+    return out
 
 
 def request_fields() -> tuple[str, ...]:

@@ -1,8 +1,9 @@
-"""Logit adjustments before sampling: ``logit_bias``, ``min_tokens`` and the
-presence, frequency and repetition penalties.
+"""Logit adjustments before sampling: ``allowed_token_ids``, ``bad_words``,
+``logit_bias``, ``min_tokens`` and the presence, frequency and repetition
+penalties.
 
-Order and semantics follow vLLM: the bias and the ``min_tokens`` mask first,
-then the penalties:
+Order and semantics follow vLLM: the allowed-token and bad-word masks first,
+then the bias and the ``min_tokens`` mask, then the penalties:
 
 - repetition (HF ``RepetitionPenaltyLogitsProcessor``, Keskar et al. 2019):
   for every token in the prompt or the output, a positive logit is divided by
@@ -50,6 +51,8 @@ def apply_logits_processors(logits: torch.Tensor, requests: Sequence[Request]) -
     rows = [i for i, r in enumerate(requests) if r.sampling_params.needs_logits_processing]
     if not rows:
         return
+    _keep_allowed_tokens(logits, rows, requests)
+    _ban_bad_words(logits, rows, requests)
     _add_bias(logits, rows, requests)
     _mask_stops_before_min_tokens(logits, rows, requests)
     _repetition_penalty(logits, rows, requests)
@@ -70,6 +73,38 @@ def _flat(rows: list[int], histories: list[list[int]], values: list[float], voca
     value = np.repeat(np.asarray(values, dtype=np.float32), lengths)
     ok = (tokens >= 0) & (tokens < vocab)
     return tuple(torch.from_numpy(a[ok]).to(device) for a in (row, tokens, value))
+
+
+def _keep_allowed_tokens(logits: torch.Tensor, rows: list[int],
+                         reqs: Sequence[Request]) -> None:
+    """Every logit but those of ``allowed_token_ids`` becomes -inf (vLLM)."""
+    sel = [i for i in rows if reqs[i].sampling_params.allowed_token_ids]
+    if not sel:
+        return
+    row, tok, _ = _flat(sel, [reqs[i].sampling_params.allowed_token_ids for i in sel],
+                        [0.0] * len(sel), logits.shape[1], logits.device)  # fmt: skip
+    kept = logits[row, tok]
+    logits[torch.tensor(sel, device=logits.device)] = float("-inf")
+    logits[row, tok] = kept
+
+
+def _ban_bad_words(logits: torch.Tensor, rows: list[int], reqs: Sequence[Request]) -> None:
+    """Mask a bad word's last token wherever the output ends with the tokens
+    before it (a one-token word is always masked), as vLLM does."""
+    sel, banned = [], []
+    for i in rows:
+        words = reqs[i].sampling_params.bad_words_token_ids
+        if not words:
+            continue
+        out = reqs[i].output_token_ids
+        ids = [w[-1] for w in words
+               if len(w) == 1 or (len(out) >= len(w) - 1 and out[len(out) - len(w) + 1:] == w[:-1])]
+        if ids:
+            sel.append(i)
+            banned.append(ids)
+    if sel:
+        row, tok, _ = _flat(sel, banned, [0.0] * len(sel), logits.shape[1], logits.device)
+        logits[row, tok] = float("-inf")
 
 
 def _add_bias(logits: torch.Tensor, rows: list[int], reqs: Sequence[Request]) -> None:
