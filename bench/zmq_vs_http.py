@@ -9,9 +9,13 @@ model's), then, at each concurrency, streams the same requests through HTTP
 requests/s, tokens/s, TTFT and E2E percentiles per path and the ZMQ/HTTP
 ratios; writes JSON with ``--json``.
 
-Client and server share the machine, so each path's client-side cost (httpx
-and SSE parsing vs msgpack) is part of what is measured, as a Python user of
-either API would see it.
+Client and server share the machine, so each path's client-side cost (SSE
+and JSON parsing vs msgpack) is part of what is measured, as a Python user of
+either API would see it. The HTTP client is aiohttp by default (as vLLM's
+``benchmark_serving`` and most load generators use); ``--http-client httpx``
+uses httpx, whose connection pool costs the client a core at a few hundred
+concurrent streams (the server then waits on the client: see
+docs/benchmarks.md).
 
     python bench/zmq_vs_http.py --concurrency 1,64,256 --num-requests 1000 --json zmq.json
 """
@@ -29,6 +33,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -93,6 +98,26 @@ async def _http_one(http: httpx.AsyncClient, url: str, model: str, max_tokens: i
     return ttft, time.perf_counter() - t0, tokens
 
 
+async def _aiohttp_one(session: Any, url: str, model: str, max_tokens: int) -> tuple:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    t0 = time.perf_counter()
+    ttft, tokens = None, 0
+    async with session.post(url + "/v1/completions", json=body) as r:
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}")
+        async for raw in r.content:  # one SSE line at a time
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices") and ttft is None:
+                ttft = time.perf_counter() - t0
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return ttft, time.perf_counter() - t0, tokens
+
+
 async def _zmq_one(c: AsyncClient, max_tokens: int) -> tuple:
     t0 = time.perf_counter()
     ttft, tokens = None, 0
@@ -105,14 +130,23 @@ async def _zmq_one(c: AsyncClient, max_tokens: int) -> tuple:
 
 
 async def run_path(path: str, url: str, address: str, model: str, concurrency: int,
-                   num_requests: int, max_tokens: int) -> dict:  # fmt: skip
-    """``num_requests`` streamed requests, ``concurrency`` at a time, over ``path``."""
+                   num_requests: int, max_tokens: int, http_client: str = "aiohttp") -> dict:
+    """``num_requests`` streamed requests, ``concurrency`` at a time, over ``path``
+    (``"http"`` through ``http_client``, ``"aiohttp"`` or ``"httpx"``, or ``"zmq"``)."""
     sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
     async with contextlib.AsyncExitStack() as stack:
-        if path == "http":
+        if path == "http" and http_client == "httpx":
+            limits = httpx.Limits(max_connections=concurrency + 4,
+                                  max_keepalive_connections=concurrency)  # fmt: skip
             http = await stack.enter_async_context(httpx.AsyncClient(timeout=120, limits=limits))
             one = lambda: _http_one(http, url, model, max_tokens)  # noqa: E731
+        elif path == "http":
+            import aiohttp
+
+            session = await stack.enter_async_context(aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=concurrency + 4),
+                timeout=aiohttp.ClientTimeout(total=120)))  # fmt: skip
+            one = lambda: _aiohttp_one(session, url, model, max_tokens)  # noqa: E731
         else:
             c = await AsyncClient.connect(address, timeout=120)
             stack.push_async_callback(c.close)
@@ -149,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2, help="HTTP/ZMQ alternations per point")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--http-client", choices=("aiohttp", "httpx"), default="aiohttp",
+                    help="the HTTP path's client library")
     args = ap.parse_args(argv)
     model_dir = args.model_dir
     if model_dir is None:
@@ -163,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             n = args.num_requests if c > 1 else min(args.num_requests, 300)
             for _ in range(args.rounds):
                 for path in ("http", "zmq"):
-                    row = asyncio.run(run_path(path, url, address, model, c, n, args.max_tokens))
+                    row = asyncio.run(run_path(path, url, address, model, c, n,
+                                               args.max_tokens, args.http_client))
                     rows.append(row)
                     print(f"  {path:4s} c={c:<4d} {row['req_per_s']:8.1f} req/s "
                           f"e2e p50 {row['e2e_ms_p50']:7.1f} ms", flush=True)  # fmt: skip
