@@ -47,7 +47,8 @@ from paternoster.entrypoints.openai.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
-from paternoster.entrypoints.openai.serving import ClientDisconnected, OpenAIServing
+from paternoster.entrypoints.openai.serving import OpenAIServing
+from paternoster.entrypoints.openai.sse import ClientDisconnected
 from paternoster.frontend.engine_client import EngineClient
 from paternoster.frontend.errors import (
     EngineDeadError,

@@ -13,7 +13,6 @@ stream's chunks gives the non-stream response.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -22,9 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
-from paternoster.entrypoints.openai.errors import APIError, bad_request, error_body
+from paternoster.entrypoints.openai.errors import APIError, bad_request
 from paternoster.entrypoints.openai.logprobs import (
     CompletionLogprobsBuilder,
     TokenTexts,
@@ -52,6 +50,13 @@ from paternoster.entrypoints.openai.protocol import (
     TokenizeResponse,
     UsageInfo,
 )
+from paternoster.entrypoints.openai.sse import (
+    EventStream,
+    consume,
+    error_event,
+    event,
+    run_until_disconnect,
+)
 from paternoster.frontend.errors import (
     EngineDeadError,
     EngineOverloadedError,
@@ -67,10 +72,6 @@ from paternoster.sampling_params import MAX_LOGPROBS
 logger = logging.getLogger("paternoster.server")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI, vLLM)
-
-
-class ClientDisconnected(Exception):
-    """The HTTP client went away before the response was ready."""
 
 
 @dataclass
@@ -138,9 +139,9 @@ class OpenAIServing:
                 echo = [self._echo_text(ids, text)
                         for ids, text in zip(gen.prompts, setup.texts)]  # fmt: skip
             if body.stream:
-                return _EventStream(self._completion_stream(setup, echo, want_logprobs),
+                return EventStream(self._completion_stream(setup, echo, want_logprobs),
                                     gen.release)  # fmt: skip
-            await _run_until_disconnect(raw, _consume(gen))
+            await run_until_disconnect(raw, consume(gen))
         except BaseException:
             gen.release()
             raise
@@ -194,8 +195,8 @@ class OpenAIServing:
         gen = setup.gen
         try:  # every way out before the requests are sent gives their room back
             if body.stream:
-                return _EventStream(self._chat_stream(setup, body.logprobs), gen.release)
-            await _run_until_disconnect(raw, _consume(gen))
+                return EventStream(self._chat_stream(setup, body.logprobs), gen.release)
+            await run_until_disconnect(raw, consume(gen))
         except BaseException:
             gen.release()
             raise
@@ -322,7 +323,7 @@ class OpenAIServing:
             data = c.model_dump()
             if not setup.include_usage:
                 data.pop("usage")
-            return _event(json.dumps(data, ensure_ascii=False))
+            return event(json.dumps(data, ensure_ascii=False))
 
         return chunk
 
@@ -356,12 +357,12 @@ class OpenAIServing:
                         )
                         yield chunk([choice])
             except (EngineDeadError, EngineOverloadedError, RequestRejectedError) as e:
-                yield _error_event(e)
-                yield _event("[DONE]")
+                yield error_event(e)
+                yield event("[DONE]")
                 return
         if setup.include_usage:
             yield chunk([], _usage(gen))
-        yield _event("[DONE]")
+        yield event("[DONE]")
 
     async def _chat_stream(self, setup: _Setup, want_logprobs: bool) -> AsyncIterator[str]:
         gen = setup.gen
@@ -385,12 +386,12 @@ class OpenAIServing:
                         )
                         yield chunk([choice])
             except (EngineDeadError, EngineOverloadedError, RequestRejectedError) as e:
-                yield _error_event(e)
-                yield _event("[DONE]")
+                yield error_event(e)
+                yield event("[DONE]")
                 return
         if setup.include_usage:
             yield chunk([], _usage(gen))
-        yield _event("[DONE]")
+        yield event("[DONE]")
 
 
 # ------------------------------------------------------------------ helpers
@@ -429,73 +430,3 @@ def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
             raise bad_request(f"logit_bias keys must be token ids, got {key!r}",
                               "logit_bias") from None  # fmt: skip
     return out
-
-
-def _event(data: str) -> str:
-    return f"data: {data}\n\n"
-
-
-def _error_event(e: Exception) -> str:
-    status = 400 if isinstance(e, RequestRejectedError) else 503
-    message = f"engine is not running: {e}" if isinstance(e, EngineDeadError) else str(e)
-    return _event(json.dumps(error_body(status, message)))
-
-
-class _EventStream(StreamingResponse):
-    """An SSE response that calls ``on_close()`` once it is sent, or failed to
-    be (the client went away), even when its body was never iterated: an
-    async generator that never started runs none of its ``finally`` blocks."""
-
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]):
-        super().__init__(
-            events,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-        self._on_close = on_close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
-
-async def _consume(gen: Generation) -> None:
-    """Run a generation to the end; engine errors become :class:`APIError`."""
-    try:
-        async with contextlib.aclosing(gen.deltas()) as deltas:
-            async for _ in deltas:
-                pass
-    except RequestRejectedError as e:
-        raise bad_request(str(e)) from e
-    except EngineDeadError as e:
-        raise APIError(503, f"engine is not running: {e}") from e
-
-
-async def _wait_for_disconnect(raw: Request) -> None:
-    while True:
-        msg = await raw.receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-async def _run_until_disconnect(raw: Request, coro) -> Any:
-    """Await ``coro`` unless the client disconnects first; then cancel it
-    (which aborts its engine requests) and raise :class:`ClientDisconnected`."""
-    work = asyncio.create_task(coro)
-    watch = asyncio.create_task(_wait_for_disconnect(raw))
-    try:
-        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        work.cancel()
-        watch.cancel()
-        raise
-    if work in done:
-        watch.cancel()
-        return work.result()
-    work.cancel()
-    with contextlib.suppress(BaseException):
-        await work
-    raise ClientDisconnected()
