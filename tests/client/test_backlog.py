@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from paternoster.client import protocol as p
-from paternoster.entrypoints.zmq_server import ZmqServer, _Peer
+from paternoster.entrypoints.zmq_server import Peer, ZmqServer
 
 
 class FullSocket:
@@ -45,11 +45,11 @@ class FullSocket:
         return done
 
 
-def _server(**kw) -> tuple[ZmqServer, _Peer, FullSocket]:
+def _server(**kw) -> tuple[ZmqServer, Peer, FullSocket]:
     srv = ZmqServer(frontend=None, address="inproc://unused", **kw)
     sock = FullSocket()
-    srv._sock = sock
-    peer = _Peer(b"peer", [])
+    srv._sock = srv.outbox.sock = sock
+    peer = Peer(b"peer", [])
     srv._peers[peer.identity] = peer
     return srv, peer, sock
 
@@ -62,7 +62,7 @@ def _final(rid: str) -> dict:
     return p.message(p.FINAL, id=rid, text="", token_ids=[], finish_reason="length")
 
 
-def _in_flight(peer: _Peer, *ids: str) -> None:
+def _in_flight(peer: Peer, *ids: str) -> None:
     for rid in ids:
         peer.requests[rid] = object()  # stands for the request's task
 
@@ -78,7 +78,7 @@ def test_deltas_merge_per_request_and_order_is_kept():
     srv._send(peer, _final("b"))
     assert len(peer.backlog) == 4  # a's delta, b's delta, a's final, b's final
     sock.room = 10**6
-    srv._flush(peer)
+    srv.outbox.flush(peer)
     assert not peer.backlog and peer.backlog_bytes == 0 and peer.blocked_since is None
     a = [m for m in sock.sent if m["id"] == "a"]
     b = [m for m in sock.sent if m["id"] == "b"]
@@ -95,10 +95,10 @@ def test_a_delta_after_a_partial_flush_is_not_merged_into_a_sent_one():
     srv._send(peer, _delta("a", "x", [1]))
     srv._send(peer, _delta("a", "y", [2]))
     sock.room = 1
-    srv._flush(peer)  # the merged delta goes out
+    srv.outbox.flush(peer)  # the merged delta goes out
     srv._send(peer, _delta("a", "z", [3]))  # the backlog is empty: straight out? no room
     sock.room = 5
-    srv._flush(peer)
+    srv.outbox.flush(peer)
     ids = [t for m in sock.sent for t in m["token_ids"]]
     assert ids == [1, 2, 3]
 
@@ -116,7 +116,7 @@ def test_backlog_over_the_byte_limit_fails_the_clients_requests():
         await asyncio.sleep(0)
         assert task.cancelled() and not peer.requests
         sock.room = 100
-        srv._flush(peer)
+        srv.outbox.flush(peer)
         assert [(m["type"], m["id"], m.get("code")) for m in sock.sent] == [
             ("final", "done-before", None), ("error", "big", p.SLOW_CLIENT)
         ]
@@ -130,15 +130,15 @@ def test_client_that_reads_nothing_for_the_timeout_is_failed():
         task = asyncio.create_task(asyncio.sleep(60))
         peer.requests["r"] = task
         srv._send(peer, _delta("r", "a", [1]))
-        srv._flush(peer)
+        srv.outbox.flush(peer)
         assert peer.requests  # not yet
         time.sleep(0.06)
-        srv._flush(peer)
+        srv.outbox.flush(peer)
         await asyncio.sleep(0)
         assert task.cancelled() and not peer.requests
         assert [m["type"] for m in peer.backlog] == [p.ERROR]
         time.sleep(0.06)
-        srv._flush(peer)  # nothing in flight and still unread: the client is dropped
+        srv.outbox.flush(peer)  # nothing in flight and still unread: the client is dropped
         assert peer.gone and peer.identity not in srv._peers
 
     asyncio.run(run())

@@ -33,16 +33,16 @@ import os
 import socket
 import tempfile
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from paternoster.client import protocol as p
-from paternoster.engine.codec import CodecError, encode, unpack
+from paternoster.engine.codec import CodecError, unpack
 from paternoster.entrypoints.zmq_messages import Generate, Hello, MessageError, parse
+from paternoster.entrypoints.zmq_outbox import Outbox, Peer
+from paternoster.entrypoints.zmq_outbox import error_message as _error
 from paternoster.frontend.errors import (
     EngineDeadError,
     EngineOverloadedError,
@@ -103,22 +103,6 @@ def check_address(address: str) -> None:
         ctx.term()
 
 
-@dataclass
-class _Peer:
-    """One client connection (a DEALER identity) and what the server holds for it."""
-
-    identity: bytes
-    envelope: list[bytes]  # frames between identity and body, mirrored back ([] or [b""])
-    welcomed: bool = False
-    requests: dict[str, asyncio.Task] = field(default_factory=dict)
-    backlog: deque = field(default_factory=deque)  # messages ZeroMQ could not take yet
-    backlog_deltas: dict[str, dict] = field(default_factory=dict)  # id -> its pending delta
-    backlog_bytes: int = 0
-    blocked_since: float | None = None  # monotonic s of the first message in the backlog
-    last_seen: float = 0.0
-    gone: bool = False
-
-
 class ZmqServer:
     """Serves the client protocol on one ROUTER socket.
 
@@ -170,9 +154,10 @@ class ZmqServer:
         self.slow_client_timeout = slow_client_timeout
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
-        self._peers: dict[bytes, _Peer] = {}
+        self._peers: dict[bytes, Peer] = {}
         self._tasks: list[asyncio.Task] = []
-        self._flush_wakeup = asyncio.Event()
+        self.outbox = Outbox(self._peers, 4 * max_message_bytes, max_backlog_bytes,
+                             slow_client_timeout)  # fmt: skip
 
     # ----------------------------------------------------------------- life
 
@@ -200,14 +185,14 @@ class ZmqServer:
             self._ctx.destroy(0)
             self._ctx = None
             raise
-        self._sock = sock
+        self._sock = self.outbox.sock = sock
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.address.startswith("ipc://"):
             # only this user may connect (the socket file would follow the umask)
             with contextlib.suppress(OSError):
                 os.chmod(self.address[len("ipc://"):], 0o600)
         self._tasks = [asyncio.create_task(self._recv_loop()),
-                       asyncio.create_task(self._flush_loop())]  # fmt: skip
+                       asyncio.create_task(self.outbox.flush_loop())]  # fmt: skip
         return self.address
 
     async def close(self) -> None:
@@ -309,12 +294,12 @@ class ZmqServer:
             status = "ok" if reason is None else "unhealthy"
             self._send(peer, p.message(p.HEALTH, id=parsed.id, status=status, reason=reason))
 
-    def _peer(self, identity: bytes, envelope: list[bytes]) -> _Peer:
+    def _peer(self, identity: bytes, envelope: list[bytes]) -> Peer:
         peer = self._peers.get(identity)
         if peer is None:
             if len(self._peers) >= MAX_CONNECTIONS:
                 self._drop_idle_peers()
-            peer = self._peers[identity] = _Peer(identity, envelope)
+            peer = self._peers[identity] = Peer(identity, envelope)
         peer.envelope = envelope
         peer.last_seen = time.monotonic()
         return peer
@@ -326,7 +311,7 @@ class ZmqServer:
         for q in idle[: max(1, len(idle) // 2)]:
             del self._peers[q.identity]
 
-    def _on_hello(self, peer: _Peer, hello: Hello) -> None:
+    def _on_hello(self, peer: Peer, hello: Hello) -> None:
         if self.api_key is not None and not hmac.compare_digest(
             (hello.api_key or "").encode(), self.api_key.encode()
         ):
@@ -348,7 +333,7 @@ class ZmqServer:
 
     # ------------------------------------------------------------- generate
 
-    def _on_generate(self, peer: _Peer, msg: Generate) -> None:
+    def _on_generate(self, peer: Peer, msg: Generate) -> None:
         rid = msg.id
         if rid in peer.requests:
             self._send(peer, _error(p.DUPLICATE_ID, f"request id {rid!r} is already in flight "
@@ -369,11 +354,15 @@ class ZmqServer:
         task.add_done_callback(lambda t: self._on_task_done(peer, rid, t))
         peer.requests[rid] = task
 
-    def _on_task_done(self, peer: _Peer, rid: str, task: asyncio.Task) -> None:
+    def _send(self, peer: Peer, msg: dict) -> None:
+        """Queue ``msg`` for ``peer`` without blocking (:meth:`Outbox.send`)."""
+        self.outbox.send(peer, msg)
+
+    def _on_task_done(self, peer: Peer, rid: str, task: asyncio.Task) -> None:
         """The final of a request whose task ended without sending one: cancelled
         before it first ran (an ``abort`` right behind its ``generate``)."""
         if peer.requests.get(rid) is not task:
-            return  # it answered for itself, or _fail_slow / _on_gone did
+            return  # it answered for itself, or the outbox failed or dropped it
         if task.cancelled():
             final = self._final(rid, None, None, "abort")
         else:  # _run catches everything; this is only a safety net
@@ -381,10 +370,10 @@ class ZmqServer:
         self._send(peer, final)
         peer.requests.pop(rid, None)
 
-    async def _run(self, peer: _Peer, msg: Generate) -> None:
+    async def _run(self, peer: Peer, msg: Generate) -> None:
         """One request from validation to its final message (exactly one, unless
-        the request was taken from ``peer.requests`` by :meth:`_fail_slow` or
-        :meth:`_on_gone`, which answer for it)."""
+        the request was taken from ``peer.requests`` by :meth:`Outbox.fail_slow` or
+        :meth:`Outbox.on_gone`, which answer for it)."""
         rid = msg.id
         gen: Generation | None = None
         final: dict
@@ -469,166 +458,12 @@ class ZmqServer:
             **fields,
         )  # fmt: skip
 
-    # ----------------------------------------------------------------- send
-
-    def _send(self, peer: _Peer, msg: dict) -> None:
-        """Queue ``msg`` for ``peer``: straight to ZeroMQ when its queue has room,
-        else into the peer's backlog (deltas of one request merged)."""
-        if peer.gone:
-            return
-        if msg["type"] in (p.DELTA, p.FINAL) and msg["id"] not in peer.requests:
-            return  # a request taken away by _fail_slow: its error is its final
-        if peer.backlog or not self._transmit(peer, msg):
-            self._enqueue(peer, msg)
-
-    def _transmit(self, peer: _Peer, msg: dict) -> bool:
-        """Hand ``msg`` to ZeroMQ now.
-
-        Returns:
-            False when the peer's queue is full (nothing was sent); True when it
-            was sent, or dropped: unencodable (never for our own messages), or
-            the peer is gone (then :meth:`_on_gone` has run).
-        """
-        try:
-            frame = encode(msg, 4 * self.max_message_bytes)
-        except CodecError as e:
-            logger.error("cannot encode a reply: %s", e)
-            return True
-        try:
-            self._send_now(peer, frame)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as e:
-            if e.errno != zmq.EHOSTUNREACH:
-                raise
-            self._on_gone(peer)
-        return True
-
-    def _send_now(self, peer: _Peer, frame: bytes) -> None:
-        """Hand one frame to ZeroMQ without waiting.
-
-        pyzmq's asyncio socket resolves a ``DONTWAIT`` send at once (when no
-        other send waits, which never happens here: every send is ``DONTWAIT``)
-        and reports ZeroMQ's error in the returned future, not by raising; this
-        raises it.
-
-        Raises:
-            zmq.Again: the peer's queue is full (``SNDHWM``).
-            zmq.ZMQError: ``EHOSTUNREACH`` when the peer is gone.
-        """
-        sent = self._sock.send_multipart([peer.identity, *peer.envelope, frame],
-                                         flags=zmq.DONTWAIT)  # fmt: skip
-        if not sent.done():  # not expected; never leave an error unretrieved
-            sent.add_done_callback(lambda f: f.cancelled() or f.exception())
-            return
-        error = sent.exception()
-        if error is not None:
-            raise error
-
-    def _enqueue(self, peer: _Peer, msg: dict) -> None:
-        """Append ``msg`` to the backlog, merged into its request's pending delta
-        when there is one; fail the client once the backlog is too big."""
-        rid = msg.get("id")
-        pending = peer.backlog_deltas.get(rid) if isinstance(rid, str) else None
-        if msg["type"] == p.DELTA and pending is not None:
-            pending["text"] += msg["text"]
-            pending["token_ids"].extend(msg["token_ids"])
-            if "logprobs" in msg and "logprobs" in pending:
-                for mine, more in zip(pending["logprobs"], msg["logprobs"]):
-                    mine.extend(more)
-            peer.backlog_bytes += _size(msg) - _size_overhead
-        else:
-            peer.backlog.append(msg)
-            peer.backlog_bytes += _size(msg)
-            if msg["type"] == p.DELTA:
-                peer.backlog_deltas[rid] = msg
-            elif isinstance(rid, str):
-                peer.backlog_deltas.pop(rid, None)  # its final: nothing merges past it
-        if peer.blocked_since is None:
-            peer.blocked_since = time.monotonic()
-        if peer.backlog_bytes > self.max_backlog_bytes:
-            self._fail_slow(peer, f"backlog over {self.max_backlog_bytes} bytes")
-        self._flush_wakeup.set()
-
-    def _fail_slow(self, peer: _Peer, why: str) -> None:
-        """Abort ``peer``'s requests; each gets a ``slow_client`` error as its
-        final, queued after the finals already waiting (pending deltas are dropped)."""
-        logger.warning("client is not reading (%s): aborting its %d requests", why,
-                       len(peer.requests))  # fmt: skip
-        failed = sorted(peer.requests)
-        for task in peer.requests.values():
-            task.cancel()
-        peer.requests.clear()  # the tasks see they were taken and send nothing
-        kept = [m for m in peer.backlog if m["type"] != p.DELTA]
-        kept += [_error(p.SLOW_CLIENT, f"the client did not read its messages: {why}",
-                        request_id=rid) for rid in failed]  # fmt: skip
-        peer.backlog = deque(kept)
-        peer.backlog_deltas.clear()
-        peer.backlog_bytes = sum(map(_size, kept))
-        peer.blocked_since = time.monotonic()
-
-    def _on_gone(self, peer: _Peer) -> None:
-        """The client disconnected: abort its requests and forget it."""
-        peer.gone = True
-        for task in peer.requests.values():
-            task.cancel()
-        peer.requests.clear()
-        peer.backlog.clear()
-        peer.backlog_deltas.clear()
-        if self._peers.get(peer.identity) is peer:
-            del self._peers[peer.identity]
-
-    async def _flush_loop(self) -> None:
-        """Retry the backlogs every few ms while any client has one."""
-        while True:
-            await self._flush_wakeup.wait()
-            self._flush_wakeup.clear()
-            while any(q.backlog for q in self._peers.values()):
-                for peer in [q for q in self._peers.values() if q.backlog]:
-                    self._flush(peer)
-                await asyncio.sleep(_FLUSH_PERIOD_S)
-
-    def _flush(self, peer: _Peer) -> None:
-        """Send what ZeroMQ takes of ``peer``'s backlog; enforce the slow-client timeout."""
-        while peer.backlog and not peer.gone:
-            msg = peer.backlog[0]
-            if not self._transmit(peer, msg):
-                break
-            if peer.gone:
-                return
-            peer.backlog.popleft()
-            peer.backlog_bytes -= _size(msg)
-            if peer.backlog_deltas.get(msg.get("id")) is msg:
-                del peer.backlog_deltas[msg["id"]]
-            peer.blocked_since = time.monotonic()  # the client is reading
-        if not peer.backlog:
-            peer.blocked_since, peer.backlog_bytes = None, 0
-        elif time.monotonic() - peer.blocked_since > self.slow_client_timeout:
-            if peer.requests:
-                self._fail_slow(peer, f"nothing read for {self.slow_client_timeout:g} s")
-            else:  # only finals are left and nobody reads them
-                self._on_gone(peer)
-
-
 # ------------------------------------------------------------------ messages
 
 
 def _sampling_param(param: str | None) -> str | None:
     """The protocol's name of a pipeline field: sampling fields sit in ``sampling``."""
     return param if param in (None, "prompt", "prompt_token_ids") else f"sampling.{param}"
-
-
-def _error(code: str, message: str, param: str | None = None, request_id: str | None = None,
-           **extra: Any) -> dict:  # fmt: skip
-    return p.message(p.ERROR, id=request_id, code=code, message=message, param=param, **extra)
-
-
-_size_overhead = 64  # bytes counted per message in a backlog, besides text and token ids
-
-
-def _size(msg: dict) -> int:
-    """Approximate bytes of a message in a backlog."""
-    return _size_overhead + len(msg.get("text", "")) + 8 * len(msg.get("token_ids", ()))
 
 
 def _delta(rid: str, d: ChoiceDelta) -> dict:
