@@ -159,15 +159,17 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and (not _is_int(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}")
-        if self.allowed_token_ids is not None and (
-            not isinstance(self.allowed_token_ids, list) or not self.allowed_token_ids
-            or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)
-        ):
+        allowed = self.allowed_token_ids
+        if allowed is not None and (not isinstance(allowed, list) or not allowed):
             raise ValueError("allowed_token_ids must be a non-empty list of token ids")
-        if self.bad_words is not None and not all(
-            isinstance(w, str) and w.strip() for w in self.bad_words
-        ):
-            raise ValueError("bad_words must be a list of non-empty strings")
+        if allowed is not None and not all(_is_int(t) and t >= 0 for t in allowed):
+            raise ValueError(f"allowed_token_ids must be token ids (integers >= 0), "
+                             f"got {allowed!r}")
+        if self.bad_words is not None:
+            if not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+                raise ValueError("bad_words must be a list of non-empty strings")
+            if not all(_is_text(w) for w in self.bad_words):
+                raise ValueError("bad_words must be valid Unicode text")
         # A plain attribute, not a property: the engine reads it for every row every step.
         self.needs_logits_processing = bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
@@ -289,6 +291,15 @@ def request_fields() -> tuple[str, ...]:
     are filled in by :meth:`SamplingParams.prepare`). The HTTP and ZeroMQ
     protocols take their sampling fields from here."""
     return tuple(f.name for f in fields(SamplingParams) if not f.metadata.get("derived"))
+
+
+def _is_text(text: str) -> bool:
+    """True when ``text`` encodes as UTF-8 (no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_int(v: object) -> bool:

@@ -40,3 +40,18 @@ def test_bad_words_never_appear_and_the_next_best_token_is_hf_argmax(f32_server,
 def test_allowed_token_ids_outside_the_vocabulary_are_a_400(f32_server, tokenizer):  # noqa: F811
     r = post(f32_server, "/v1/completions", {"prompt": "x", "allowed_token_ids": [len(tokenizer)]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids"
+
+
+def test_masks_that_leave_no_token_do_not_kill_the_engine(f32_server, tokenizer):  # noqa: F811
+    """allowed_token_ids=[EOS] with min_tokens holding EOS back masks every
+    token: the allowed one wins (it used to sample outside the vocabulary and
+    crash the engine for every request in flight)."""
+    for temperature in (1.0, 0.0):
+        r = post(f32_server, "/v1/completions", {
+            "prompt": PROMPT, "max_tokens": 3, "temperature": temperature, "seed": 3,
+            "allowed_token_ids": [tokenizer.eos_token_id], "min_tokens": 1})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] == "stop"
+    import httpx
+
+    assert httpx.get(f32_server.url + "/health").status_code == 200

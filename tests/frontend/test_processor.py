@@ -96,3 +96,15 @@ def test_fit_fills_max_tokens_none_with_the_room(processor):
     assert processor.fit(SamplingParams(max_tokens=None), 24).max_tokens == MAX_LEN - 24
     with pytest.raises(InvalidRequestError):
         processor.fit(SamplingParams(max_tokens=50), 24)
+
+
+def test_a_prompt_alone_over_the_context_names_the_prompt_field(processor):
+    for param in ("prompt", "messages"):
+        with pytest.raises(InvalidRequestError, match=f"{MAX_LEN + 5} in the prompt") as e:
+            processor.sampling_params({"max_tokens": 1}, [MAX_LEN + 5], prompt_param=param)
+        assert _param(e) == param
+
+
+def test_a_tool_message_without_content_is_refused(processor):
+    with pytest.raises(InvalidRequestError, match="'tool' message must have content"):
+        processor.chat(ChatInput([{"role": "user", "content": "x"}, {"role": "tool"}]))

@@ -141,7 +141,8 @@ def test_chat_prompt_over_context_names_both_lengths(srv, tokenizer):
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     prompt_len = len(tokenizer(text, add_special_tokens=False).input_ids)
     assert prompt_len > MAX_MODEL_LEN
-    for extra, param in (({"max_tokens": 1}, "max_tokens"), ({}, "prompt")):
+    # The prompt alone is over the context: the chat's prompt field is messages.
+    for extra, param in (({"max_tokens": 1}, "messages"), ({}, "messages")):
         body = {"messages": messages, **extra}
         err = _assert_error(_post(srv, "/v1/chat/completions", json.dumps(body)), 400, param)
         assert str(MAX_MODEL_LEN) in err["message"] and str(prompt_len) in err["message"], err

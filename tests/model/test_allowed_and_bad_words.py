@@ -89,3 +89,21 @@ def test_bad_values_name_the_field(kw, match):
 def test_allowed_token_ids_outside_the_vocabulary_are_refused():
     with pytest.raises(ValueError, match="allowed_token_ids must be token ids in"):
         SamplingParams(allowed_token_ids=[3, VOCAB]).check_token_ids(VOCAB)
+
+
+@pytest.mark.parametrize("kw", [
+    {"allowed_token_ids": [2], "min_tokens": 1},  # 2 is the EOS held back
+    {"allowed_token_ids": [42], "bad_words": ["x"], "bad_words_token_ids": [[42]]},
+    {"allowed_token_ids": [42], "stop_token_ids": [42], "min_tokens": 3},
+])  # fmt: skip
+def test_masks_that_leave_no_token_fall_back_to_the_allowed_ones(kw):
+    """A fully masked row would sample outside the vocabulary (and crash the
+    engine): the allowed tokens keep their raw logits instead."""
+    logits = _logits(1)
+    req = _request([], **kw)
+    req.eos_token_id = 2
+    got = logits.clone()
+    apply_logits_processors(got, [req])
+    allowed = kw["allowed_token_ids"]
+    assert torch.equal(got[0, allowed], logits[0, allowed])
+    assert torch.isneginf(got[0]).sum() == VOCAB - len(allowed)

@@ -102,7 +102,8 @@ class Client:
             timeout: seconds for the whole request (default: the client's); on
                 expiry the request is aborted and ``TimeoutError`` raised.
             **sampling: ``SamplingParams`` fields (``max_tokens=16``,
-                ``temperature``, ``top_p``, ``stop``, ``seed``, ``logprobs``, ...).
+                ``temperature``, ``top_p``, ``stop``, ``seed``, ``logprobs``, ...), and
+                ``cache_salt`` (prefix-cache isolation).
         Returns:
             The :class:`Completion`.
         Raises:

@@ -25,7 +25,12 @@ from typing import Any
 from paternoster.frontend.engine_client import EngineClient
 from paternoster.frontend.errors import EngineDeadError, InvalidRequestError
 from paternoster.frontend.generation import Generation
-from paternoster.frontend.processor import DEFAULT_MAX_STOP, ChatInput, InputProcessor
+from paternoster.frontend.processor import (
+    DEFAULT_MAX_STOP,
+    ChatInput,
+    InputProcessor,
+    check_text,
+)
 from paternoster.metrics.requests import RequestMetrics
 from paternoster.sampling_params import MAX_N
 
@@ -45,7 +50,8 @@ class RequestOptions:
         default_max_tokens: ``max_tokens`` when the request gives none,
             capped by the room the prompt leaves (``None``: all that room).
         add_special_tokens: tokenize text prompts with BOS etc.
-        prompt_param: the field errors about the prompt name.
+        prompt_param: the field errors about the prompt name (``messages``
+            for chat).
     """
 
     request_id_prefix: str = "req"
@@ -131,7 +137,7 @@ class Frontend:
         """
         reason = self.client.unavailable_reason
         if reason is not None:
-            raise EngineDeadError(f"engine is not running: {reason}")
+            raise EngineDeadError(reason)
 
     async def submit(self, prompts: Sequence[Prompt] | ChatInput, sampling: Mapping[str, Any],
                      options: RequestOptions) -> Submitted:  # fmt: skip
@@ -150,9 +156,14 @@ class Frontend:
             EngineOverloadedError: the waiting queue is full (nothing reserved).
         """
         self.check_ready()
+        salt = options.cache_salt
+        if salt is not None:
+            if not salt:
+                raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
+            check_text(salt, "cache_salt")
         ids, texts = await self.run_tokenizer(self._tokenize, prompts, options)
         params = self.processor.sampling_params(
-            sampling, [len(p) for p in ids], options.default_max_tokens
+            sampling, [len(p) for p in ids], options.default_max_tokens, options.prompt_param
         )
         reservation = self.client.check_capacity(len(ids) * params.n,
                                                  sum(map(len, ids)) * params.n)  # fmt: skip

@@ -30,7 +30,7 @@ _PARAM_RE = re.compile(r"^(\w+)(?: keys| values)? must")
 
 # Roles whose messages must carry content (OpenAI answers 400 without it);
 # an assistant message may have none (it then carries tool calls).
-_CONTENT_REQUIRED = frozenset({"system", "developer", "user"})
+_CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,8 @@ class InputProcessor:
     # --------------------------------------------------------------- sampling
 
     def sampling_params(self, fields: Mapping[str, Any], prompt_lens: Sequence[int],
-                        default_max_tokens: int | None = None) -> SamplingParams:  # fmt: skip
+                        default_max_tokens: int | None = None,
+                        prompt_param: str = "prompt") -> SamplingParams:  # fmt: skip
         """Validated :class:`SamplingParams` for prompts of ``prompt_lens`` tokens.
 
         ``max_tokens`` left out (or ``None``) becomes ``default_max_tokens``
@@ -174,6 +175,8 @@ class InputProcessor:
             fields: :class:`SamplingParams` fields by name (absent: default).
             prompt_lens: each prompt's length in tokens.
             default_max_tokens: the protocol's default ``max_tokens``.
+            prompt_param: the field a prompt too long for the context is
+                reported under (``messages`` for chat).
         Raises:
             InvalidRequestError: naming the field: ``n`` over ``max_n``, too
                 many ``stop`` strings, a value out of range, token ids outside
@@ -201,7 +204,7 @@ class InputProcessor:
             raise InvalidRequestError(str(e), param_of(e)) from e
         except TypeError as e:  # an unknown field: a protocol mapping bug, not user input
             raise InvalidRequestError(str(e)) from e
-        self._check_limits(params, longest)
+        self._check_limits(params, longest, prompt_param)
         return params
 
     def fit(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
@@ -218,7 +221,8 @@ class InputProcessor:
         self._check_limits(params, prompt_len)
         return params
 
-    def _check_limits(self, params: SamplingParams, prompt_len: int) -> None:
+    def _check_limits(self, params: SamplingParams, prompt_len: int,
+                      prompt_param: str = "prompt") -> None:  # fmt: skip
         """Token ids against the vocabulary, prompt plus ``max_tokens`` against
         the context (the message gives both lengths, as OpenAI's does)."""
         try:
@@ -231,7 +235,7 @@ class InputProcessor:
                 f"This model's maximum context length is {limit} tokens, but the prompt "
                 f"has {prompt_len} tokens, leaving no room for the completion. "
                 "Please reduce the length of the prompt.",
-                "prompt",
+                prompt_param,
             )
         if prompt_len + params.max_tokens > limit:
             raise InvalidRequestError(
@@ -239,7 +243,7 @@ class InputProcessor:
                 f"requested {prompt_len + params.max_tokens} tokens ({prompt_len} in the "
                 f"prompt, {params.max_tokens} for the completion). Please reduce the length "
                 "of the prompt or max_tokens.",
-                "max_tokens",
+                prompt_param if prompt_len >= limit else "max_tokens",  # what alone is too long
             )
 
 

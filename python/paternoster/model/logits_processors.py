@@ -51,10 +51,14 @@ def apply_logits_processors(logits: torch.Tensor, requests: Sequence[Request]) -
     rows = [i for i, r in enumerate(requests) if r.sampling_params.needs_logits_processing]
     if not rows:
         return
+    masked = [i for i in rows if _masks(requests[i].sampling_params)]
+    before = logits[masked].clone() if masked else None
     _keep_allowed_tokens(logits, rows, requests)
     _ban_bad_words(logits, rows, requests)
     _add_bias(logits, rows, requests)
     _mask_stops_before_min_tokens(logits, rows, requests)
+    if masked:
+        _never_mask_everything(logits, masked, before, requests)
     _repetition_penalty(logits, rows, requests)
     _frequency_presence_penalties(logits, rows, requests)
 
@@ -73,6 +77,28 @@ def _flat(rows: list[int], histories: list[list[int]], values: list[float], voca
     value = np.repeat(np.asarray(values, dtype=np.float32), lengths)
     ok = (tokens >= 0) & (tokens < vocab)
     return tuple(torch.from_numpy(a[ok]).to(device) for a in (row, tokens, value))
+
+
+def _masks(p) -> bool:
+    """True when the request's settings can set logits to -inf."""
+    return bool(p.allowed_token_ids or p.bad_words_token_ids or p.min_tokens)
+
+
+def _never_mask_everything(logits: torch.Tensor, masked: list[int], before: torch.Tensor,
+                           reqs: Sequence[Request]) -> None:
+    """A row whose masks together left no token (``allowed_token_ids`` all
+    banned by ``bad_words`` or held back by ``min_tokens``) would sample out
+    of the vocabulary: ``allowed_token_ids`` wins, so those tokens get their
+    unmasked logits back (or, without it, the whole row does)."""
+    dead = torch.isneginf(logits[masked]).all(dim=1).nonzero().flatten().tolist()
+    for k in dead:
+        i = masked[k]
+        allowed = reqs[i].sampling_params.allowed_token_ids
+        if allowed:
+            ids = torch.tensor([t for t in allowed if t < logits.shape[1]], device=logits.device)
+            logits[i, ids] = before[k, ids]
+        else:
+            logits[i] = before[k]
 
 
 def _keep_allowed_tokens(logits: torch.Tensor, rows: list[int],

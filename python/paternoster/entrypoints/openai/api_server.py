@@ -345,6 +345,7 @@ def build_app(
             {
                 "alive": client.is_alive,
                 "dead_reason": client.dead_reason,
+                "unavailable_reason": client.unavailable_reason,
                 "num_in_flight": client.num_in_flight,
                 "num_waiting": client.num_waiting,
                 "num_waiting_tokens": client.num_waiting_tokens,

@@ -191,7 +191,11 @@ class OpenAIServing:
         if top and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
         sampling["logprobs"] = (top or 0) if body.logprobs else None
-        setup = await self._submit(body, _chat_input(body, body.messages), sampling, "chatcmpl")
+        setup = await self._submit(
+            body, _chat_input(body, body.messages), sampling, "chatcmpl", prompt_param="messages",
+            max_tokens_param="max_completion_tokens"
+            if body.max_completion_tokens is not None else "max_tokens",
+        )  # fmt: skip
         gen = setup.gen
         try:  # every way out before the requests are sent gives their room back
             if body.stream:
@@ -263,7 +267,8 @@ class OpenAIServing:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
 
     async def _submit(self, body: Any, prompts: Any, sampling: dict, prefix: str,
-                      default_max_tokens: int | None = None) -> _Setup:  # fmt: skip
+                      default_max_tokens: int | None = None, prompt_param: str = "prompt",
+                      max_tokens_param: str = "max_tokens") -> _Setup:  # fmt: skip
         """Hand the request to the pipeline; its errors become HTTP errors.
 
         Raises:
@@ -272,14 +277,15 @@ class OpenAIServing:
         """
         options = RequestOptions(
             request_id_prefix=prefix, priority=body.priority, cache_salt=body.cache_salt,
-            default_max_tokens=default_max_tokens,
+            default_max_tokens=default_max_tokens, prompt_param=prompt_param,
         )  # fmt: skip
         try:
             sub: Submitted = await self.frontend.submit(prompts, sampling, options)
         except InvalidRequestError as e:
-            raise bad_request(e.message, e.param) from e
+            param = max_tokens_param if e.param == "max_tokens" else e.param
+            raise bad_request(e.message, param) from e
         except EngineDeadError as e:
-            raise APIError(503, str(e)) from e
+            raise APIError(503, f"engine is not running: {e}") from e
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         return _Setup(
