@@ -79,43 +79,43 @@ def null_server(model_dir: str, timeout: float = 120.0) -> Iterator[tuple[str, s
         proc.wait(30)
 
 
-async def _http_one(http: httpx.AsyncClient, url: str, model: str, max_tokens: int) -> tuple:
-    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
+def _body(model: str, max_tokens: int) -> dict:
+    return {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
-    t0 = time.perf_counter()
+
+
+async def _read_sse(lines: Any, t0: float) -> tuple:
+    """``(ttft s, e2e s, completion tokens)`` of one SSE stream of text lines."""
     ttft, tokens = None, 0
-    async with http.stream("POST", url + "/v1/completions", json=body) as r:
+    async for line in lines:
+        if not line.startswith("data:") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[5:])
+        if chunk.get("choices") and ttft is None:
+            ttft = time.perf_counter() - t0
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+    return ttft, time.perf_counter() - t0, tokens
+
+
+async def _http_one(http: httpx.AsyncClient, url: str, model: str, max_tokens: int) -> tuple:
+    t0 = time.perf_counter()
+    async with http.stream("POST", url + "/v1/completions", json=_body(model, max_tokens)) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("choices") and ttft is None:
-                ttft = time.perf_counter() - t0
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return ttft, time.perf_counter() - t0, tokens
+        return await _read_sse(r.aiter_lines(), t0)
 
 
 async def _aiohttp_one(session: Any, url: str, model: str, max_tokens: int) -> tuple:
-    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    async def lines(content: Any) -> Any:
+        async for raw in content:  # one SSE line at a time
+            yield raw.decode().strip()
+
     t0 = time.perf_counter()
-    ttft, tokens = None, 0
-    async with session.post(url + "/v1/completions", json=body) as r:
+    async with session.post(url + "/v1/completions", json=_body(model, max_tokens)) as r:
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}")
-        async for raw in r.content:  # one SSE line at a time
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("choices") and ttft is None:
-                ttft = time.perf_counter() - t0
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return ttft, time.perf_counter() - t0, tokens
+        return await _read_sse(lines(r.content), t0)
 
 
 async def _zmq_one(c: AsyncClient, max_tokens: int) -> tuple:
