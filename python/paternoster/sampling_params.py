@@ -233,33 +233,12 @@ class SamplingParams:
             self.bad_words, tokenizer))  # fmt: skip
 
     def to_dict(self) -> dict:
-        """Plain dict of the fields (msgpack-safe)."""
-        return {
-            "n": self.n,
-            "temperature": float(self.temperature),
-            "top_p": float(self.top_p),
-            "top_k": int(self.top_k),
-            "min_p": float(self.min_p),
-            "seed": self.seed,
-            "max_tokens": self.max_tokens,
-            "stop": list(self.stop),
-            "stop_token_ids": list(self.stop_token_ids),
-            "ignore_eos": bool(self.ignore_eos),
-            "presence_penalty": float(self.presence_penalty),
-            "frequency_penalty": float(self.frequency_penalty),
-            "repetition_penalty": float(self.repetition_penalty),
-            "min_tokens": int(self.min_tokens),
-            # msgpack map keys are strings only: token ids travel as [id, bias] pairs.
-            "logit_bias": [[t, float(b)] for t, b in self.logit_bias.items()]
-            if self.logit_bias else None,
-            "logprobs": self.logprobs,
-            "prompt_logprobs": self.prompt_logprobs,
-            "include_stop_str_in_output": bool(self.include_stop_str_in_output),
-            "skip_special_tokens": bool(self.skip_special_tokens),
-            "allowed_token_ids": self.allowed_token_ids,
-            "bad_words": self.bad_words,
-            "bad_words_token_ids": self.bad_words_token_ids,
-        }
+        """Plain dict of every field (msgpack-safe: ``logit_bias`` as
+        ``[[token id, bias], ...]`` pairs, since msgpack map keys are strings)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.logit_bias:
+            d["logit_bias"] = [[t, float(b)] for t, b in self.logit_bias.items()]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> SamplingParams:

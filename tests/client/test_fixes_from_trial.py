@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from paternoster.client import Client
-from paternoster.entrypoints.zmq_server import check_address
+from paternoster.entrypoints.zmq_address import check_address
 from tests.client.conftest import zmq_server
 from tests.client.test_raw_protocol import Raw
 from tests.entrypoints.utils import free_port, start_server

@@ -184,7 +184,7 @@ async def serve(args: argparse.Namespace) -> int:
             return 1
     try:
         if args.zmq_address not in ("none", "off"):
-            from paternoster.entrypoints.zmq_server import check_address, default_zmq_address
+            from paternoster.entrypoints.zmq_address import check_address, default_zmq_address
 
             check_address(args.zmq_address or default_zmq_address(args.port))
         config = build_engine_config(model_dir, **{k: getattr(args, k) for k in ENGINE_ARG_NAMES})
@@ -258,7 +258,8 @@ async def _start_zmq_server(frontend: Any, args: argparse.Namespace) -> Any:
         The started :class:`ZmqServer`, or ``None`` when it is off or the
         address cannot be bound (logged).
     """
-    from paternoster.entrypoints.zmq_server import ZmqServer, default_zmq_address
+    from paternoster.entrypoints.zmq_address import default_zmq_address
+    from paternoster.entrypoints.zmq_server import ZmqServer
 
     if args.zmq_address in ("none", "off"):
         logger.info("client protocol (ZeroMQ/msgpack) is off (--zmq-address none)")

@@ -251,9 +251,8 @@ class EngineClient:
         rid = request.request_id
         if rid in self._queues:
             raise ValueError(f"request id {rid!r} is already in flight")
-        add = Add(request=request)
         try:
-            self.link.check_sendable(add)
+            self.link.send(Add(request=request))  # encoded once, here
         except CodecError as e:
             raise RequestRejectedError(f"request cannot be sent to the engine: {e}") from e
         queue: asyncio.Queue = asyncio.Queue()
@@ -262,7 +261,6 @@ class EngineClient:
         deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
         done = False
         try:
-            self.link.send(add)
             while not done:
                 if deadline is not None and self.admission.is_waiting(rid):
                     item = await self._first_output(queue, deadline)

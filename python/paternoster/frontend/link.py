@@ -3,8 +3,9 @@
 Two ``ipc://`` sockets in a private temp dir: a PUSH the frontend sends
 :data:`~paternoster.engine.messages.ToEngine` messages on and a PULL it
 receives :data:`~paternoster.engine.messages.FromEngine` messages from (the
-engine process connects to both). Sends go through an outbox so callers never
-await the socket; received messages are dispatched by type to the handler
+engine process connects to both). A message is encoded when it is sent
+(a bad one is refused to its sender at once) and its frame goes through an
+outbox, so callers never await the socket; received messages are dispatched by type to the handler
 that owns them. Every message received, heartbeats included, stamps
 :attr:`EngineLink.last_seen`, the supervisor's evidence that the engine lives.
 """
@@ -75,17 +76,15 @@ class EngineLink:
         self._pull = AsyncPullQueue(pull, MessageCodec(FromEngine))
         return self.input_address, self.output_address
 
-    def check_sendable(self, msg: msgspec.Struct) -> None:
-        """Refuse now what the send loop could not encode.
+    def send(self, msg: msgspec.Struct) -> None:
+        """Encode ``msg`` now (once) and queue the frame for the engine (never
+        blocks; frames go out in order).
 
         Raises:
-            CodecError: ``msg`` cannot be encoded within the frame limit.
+            CodecError: ``msg`` cannot be encoded within the frame limit
+                (nothing is queued).
         """
-        self._push.codec.encode(msg)
-
-    def send(self, msg: msgspec.Struct) -> None:
-        """Queue ``msg`` for the engine (never blocks; sent in order)."""
-        self._outbox.put_nowait(msg)
+        self._outbox.put_nowait(self._push.codec.encode(msg))
 
     def clear_outbox(self) -> None:
         """Drop what is queued and not sent (meant for an engine that died)."""
@@ -135,11 +134,8 @@ class EngineLink:
 
     async def _send_loop(self) -> None:
         while True:
-            msg = await self._outbox.get()
-            try:
-                await self._push.put(msg)
-            except CodecError as e:  # never let one bad message stop the loop
-                logger.error("dropping a message the codec refused: %s", e)
+            frame = await self._outbox.get()
+            await self._push.socket.send(frame, copy=False)
 
     async def _recv_loop(self) -> None:
         while True:
