@@ -64,9 +64,10 @@ class SamplingParams:
         skip_special_tokens: leave special tokens out of the returned text.
         allowed_token_ids: only these token ids may be generated (vLLM); every
             other logit is -inf. ``None``: all. A non-empty list of ids.
-        bad_words: words never generated (vLLM): each word's token sequence,
-            with and without a leading space, is banned: its last token is
-            masked whenever the output ends with the tokens before it.
+        bad_words: words never generated (vLLM): each word's token sequence
+            is banned (its last token masked whenever the output ends with the
+            tokens before it), as written and, when that tokenizes to as many
+            tokens, also after a space (vLLM's rule; list both forms to be sure).
         bad_words_token_ids: (derived by :meth:`prepare` from ``bad_words``;
             not a request field) the token sequences to ban.
         needs_logits_processing: (derived, set by :meth:`validate`) True when
