@@ -8,6 +8,12 @@ from pathlib import Path
 
 import pytest
 
+# Engines started by the tests (in-process, and the servers they spawn, which
+# inherit the environment) run 1 thread unless a test passes num_threads: the
+# suite starts many engines, often at once, on small machines. The default
+# (auto: the physical cores) is tested in tests/engine/test_cpu_threads.py.
+os.environ.setdefault("PATERNOSTER_NUM_THREADS", "1")
+
 try:
     import paternoster  # noqa: F401
 except ImportError:  # running from a checkout without `pip install -e .`

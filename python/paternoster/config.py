@@ -147,13 +147,19 @@ class TimelineConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine process needs (sent to it as a msgpack map)."""
+    """Everything the engine process needs (sent to it as a msgpack map).
+
+    ``num_threads``: threads for torch and the C++ kernels in the engine; 0 =
+    auto, resolved by the engine where it runs (the physical cores available,
+    one left to the frontend on machines with >= 8: see
+    :mod:`paternoster.engine.cpu_threads`).
+    """
 
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     timeline: TimelineConfig = field(default_factory=TimelineConfig)
-    num_threads: int = 1
+    num_threads: int = 0
     seed: int = 0
 
     def to_dict(self) -> dict:
@@ -166,6 +172,6 @@ class EngineConfig:
             cache=CacheConfig(**d.get("cache", {})),
             scheduler=SchedulerConfig(**d.get("scheduler", {})),
             timeline=TimelineConfig(**d.get("timeline", {})),
-            num_threads=int(d.get("num_threads", 1)),
+            num_threads=int(d.get("num_threads", 0)),
             seed=int(d.get("seed", 0)),
         )

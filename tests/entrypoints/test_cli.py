@@ -39,7 +39,7 @@ def test_serve_flags_build_the_engine_config():
     assert cfg.scheduler.max_num_seqs == 8 and cfg.scheduler.max_num_batched_tokens == 256
     assert cfg.num_threads == 2 and cfg.seed == 3
     default = make_parser().parse_args(["serve"])
-    assert default.model is None and default.num_threads == 1 and default.block_size == 16
+    assert default.model is None and default.num_threads == 0 and default.block_size == 16
 
 
 def test_bad_flag_values_are_rejected():

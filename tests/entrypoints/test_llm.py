@@ -113,3 +113,9 @@ def test_chat_continues_the_final_message(llm):
             {"role": "assistant", "content": "1, 2, 3,"}]
     [out] = llm.chat(conv, GREEDY, add_generation_prompt=False, continue_final_message=True)
     assert out.prompt.endswith("1, 2, 3,")
+
+
+def test_reports_the_thread_count_it_used(llm):
+    # The suite's conftest sets PATERNOSTER_NUM_THREADS=1 (auto otherwise).
+    assert llm.engine.info["num_threads"] == llm.engine.threads.num_threads == 1
+    assert llm.engine.threads.source == "env"

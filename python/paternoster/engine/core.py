@@ -15,6 +15,7 @@ import torch
 
 from paternoster import _core
 from paternoster.config import EngineConfig
+from paternoster.engine.cpu_threads import ThreadChoice, resolve_threads
 from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
 from paternoster.logprobs import Logprobs
 from paternoster.metrics.timeline import TimelineRecorder
@@ -81,12 +82,21 @@ class EngineCore:
             runner.
         clock: seconds, monotonic; stamps arrivals, queue times and the step
             log (the simulator passes its simulated clock).
+    Attributes:
+        threads: the thread count used (torch intra-op and C++ core pools) and
+            how it was chosen; also ``info["num_threads"]``.
     Raises:
-        ValueError: unknown scheduler name, unsupported architecture, bad sizes.
+        ValueError: unknown scheduler name, unsupported architecture, bad
+            sizes, ``PATERNOSTER_NUM_THREADS`` not an int >= 1.
     """
 
     def __init__(self, config: EngineConfig, model_runner: Runner | None = None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        # num_threads 0 = auto: every usable physical core, no pinning (in-process;
+        # the engine process resolves it first, leaving a core to the frontend).
+        self.threads: ThreadChoice = resolve_threads(config.num_threads, reserve_frontend=False)
+        if config.num_threads != self.threads.num_threads:
+            config = dataclasses.replace(config, num_threads=self.threads.num_threads)
         torch.set_num_threads(config.num_threads)
         _core.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
@@ -146,6 +156,7 @@ class EngineCore:
             "eos_token_id": self.runner.eos_token_id,
             "vocab_size": self.runner.vocab_size,
             "scheduler": sched_config.scheduler,
+            "num_threads": config.num_threads,
         }
 
     # --------------------------------------------------------------- requests

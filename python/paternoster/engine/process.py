@@ -33,12 +33,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
 
 from paternoster.engine.codec import CodecError, MessageCodec, PullQueue, PushQueue
+from paternoster.engine.cpu_threads import format_cpu_list, pin_process, resolve_threads
 from paternoster.engine.messages import (
     Abort,
     Add,
@@ -57,6 +58,9 @@ from paternoster.engine.messages import (
     TimelineReply,
     ToEngine,
 )
+
+if TYPE_CHECKING:
+    from paternoster.config import EngineConfig
 
 logger = logging.getLogger("paternoster.engine")
 
@@ -363,9 +367,7 @@ def run_engine(
             from paternoster.config import EngineConfig
 
             config = EngineConfig.from_dict(_wait_for_config(inputs, parent_pid, token))
-            import torch
-
-            torch.set_num_threads(config.num_threads)
+            config = _configure_threads(config)
             engine = load_engine_cls(engine_cls)(config)
         except Exception as e:  # report any startup failure, in words, then exit
             logger.error("engine failed to start: %s", traceback.format_exc())
@@ -400,6 +402,36 @@ def run_engine(
         ctx.term()
         if _orphaned(parent_pid):
             _remove_ipc_dir(input_addr)
+
+
+def _configure_threads(config: EngineConfig) -> EngineConfig:
+    """Resolve ``num_threads`` (0 = auto) for this engine process, pin the
+    process when auto leaves a core to the frontend, set torch's intra-op pool
+    to that count and its inter-op pool to 1, and log the one line.
+
+    Returns:
+        ``config`` with the resolved ``num_threads`` (>= 1).
+    Raises:
+        ValueError: ``PATERNOSTER_NUM_THREADS`` is not an int >= 1.
+    """
+    import dataclasses
+
+    import torch
+
+    threads = resolve_threads(config.num_threads, reserve_frontend=True)
+    if threads.cpus is not None:
+        try:
+            pin_process(threads.cpus)
+        except OSError as e:  # e.g. a cpuset narrower than the affinity: run unpinned
+            logger.warning("cannot pin the engine to CPUs %s: %s", format_cpu_list(threads.cpus), e)
+            threads = dataclasses.replace(threads, cpus=None)
+    logger.info("%s", threads.describe())
+    torch.set_num_threads(threads.num_threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or inter-op work already started
+        pass
+    return dataclasses.replace(config, num_threads=threads.num_threads)
 
 
 def _orphaned(parent_pid: int | None) -> bool:

@@ -164,6 +164,7 @@ async def serve(args: argparse.Namespace) -> int:
     Returns:
         Exit code: 0 after a clean stop, 1 when the model or engine failed to load.
     """
+    from paternoster.engine.cpu_threads import limit_frontend_torch_threads
     from paternoster.engine.process import DEFAULT_ENGINE_CLS
     from paternoster.entrypoints.openai.api_server import ServerLimits, build_app
     from paternoster.frontend.engine_client import EngineClient
@@ -213,6 +214,9 @@ async def serve(args: argparse.Namespace) -> int:
     starting = asyncio.create_task(client.start())
     try:
         tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)
+        # Loading the tokenizer imports torch: keep its pools here at 1 thread,
+        # the cores are the engine process's.
+        limit_frontend_torch_threads()
         info = await starting
     except EngineStartupError as e:
         logger.error("%s", e)

@@ -66,7 +66,7 @@ def build_engine_config(
     max_num_batched_tokens: int | None = None,
     scheduler: str = "fcfs",
     scheduler_config: dict | str | None = None,
-    num_threads: int = 1,
+    num_threads: int | None = None,
     seed: int = 0,
     device: str = "cpu",
     gpu_memory_utilization: float = 0.9,
@@ -93,7 +93,10 @@ def build_engine_config(
         scheduler: scheduler plugin name (entry-point group ``paternoster.schedulers``).
         scheduler_config: the policy's options: a dict, a JSON object string,
             or the path of a JSON file.
-        num_threads: torch threads in the engine.
+        num_threads: threads for torch and the C++ kernels in the engine;
+            ``None`` or 0 = auto (the physical cores available, one left to
+            the frontend process when >= 8; see
+            :mod:`paternoster.engine.cpu_threads`).
         seed: engine-wide RNG seed.
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         gpu_memory_utilization: CUDA: fraction of GPU memory for weights,
@@ -122,8 +125,9 @@ def build_engine_config(
         sched["max_num_seqs"] = max_num_seqs
     if max_num_batched_tokens is not None:
         sched["max_num_batched_tokens"] = max_num_batched_tokens
-    if num_threads < 1:
-        raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+    num_threads = 0 if num_threads is None else num_threads
+    if num_threads < 0:
+        raise ValueError(f"num_threads must be >= 1, or 0 for auto; got {num_threads}")
     return EngineConfig(
         model=ModelConfig(
             model=model,
@@ -212,7 +216,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--scheduler-config", default=None,
         help="the scheduler's options: a JSON object or the path of a JSON file",
     )  # fmt: skip
-    g.add_argument("--num-threads", type=int, default=1, help="torch threads in the engine")
+    g.add_argument(
+        "--num-threads", type=int, default=0, metavar="N",
+        help="threads for torch and the C++ kernels in the engine (default 0 = auto: the "
+             "physical cores available to the process, SMT siblings counted once, capped by "
+             "a cgroup CPU quota; with >= 8 cores one is left to the frontend and the engine "
+             "is pinned to the others; env PATERNOSTER_NUM_THREADS replaces auto)",
+    )  # fmt: skip
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     g.add_argument(

@@ -8,6 +8,7 @@ detokenizer and stop-string handling as the HTTP server.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,8 @@ from paternoster.frontend.output_processor import SequenceState, fan_out
 from paternoster.frontend.processor import InputProcessor
 from paternoster.outputs import RequestOutput
 from paternoster.sampling_params import SamplingParams
+
+logger = logging.getLogger("paternoster.llm")
 
 
 class LLM:
@@ -29,10 +32,12 @@ class LLM:
             ``scheduler``, ``num_threads``, ``seed``, ``served_model_name``,
             ``device``, ``gpu_memory_utilization``, ``cuda_graphs``,
             ``load_format``, ``timeline_size``, ``timeline_sample_rate``,
-            ``timeline_max_requests``).
+            ``timeline_max_requests``). ``num_threads`` defaults to every
+            physical core available (see :mod:`paternoster.engine.cpu_threads`).
     Attributes:
         engine: the :class:`~paternoster.engine.core.EngineCore` (``step_log``,
-            ``stats()``).
+            ``stats()``; ``info["num_threads"]`` and ``threads``: the thread
+            count used).
         tokenizer: the Hugging Face tokenizer.
     Raises:
         ValueError: an option out of range; errors of model loading.
@@ -47,6 +52,7 @@ class LLM:
         config = build_engine_config(model_dir, **engine_kwargs)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.engine = EngineCore(config)
+        logger.info("%s", self.engine.threads.describe())
         info = self.engine.info
         self.max_model_len = min(
             int(info["max_model_len"]), int(info["num_kv_blocks"]) * int(info["block_size"])

@@ -97,6 +97,7 @@ def simulate(
             max_num_batched_tokens=max_num_batched_tokens,
             policy_config=dict(scheduler_config or {}),
         ),
+        num_threads=1,  # the cost model computes nothing: no thread pools to size
     )
     metrics, requests = _make_requests(trace, max_model_len, num_kv_blocks * block_size)
     index = {r.request_id: i for i, r in enumerate(requests)}

@@ -340,7 +340,7 @@ def build_app(
     async def stats() -> JSONResponse:
         """Frontend counters (live) and the engine's stats as of its latest
         ``outputs`` message (sent after every step) or heartbeat (every 0.5 s),
-        whichever is newer; plus the engine pid."""
+        whichever is newer; plus the engine pid and its thread count."""
         return JSONResponse(
             {
                 "alive": client.is_alive,
@@ -353,6 +353,7 @@ def build_app(
                 "num_reserved_tokens": client.num_reserved_tokens,
                 "engine_pid": client.pid,
                 "scheduler": client.info.get("scheduler"),
+                "num_threads": client.info.get("num_threads"),
                 "engine": client.stats,
             }
         )
