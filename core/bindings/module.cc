@@ -20,6 +20,7 @@
 #include "paternoster/block_pool.h"
 #include "paternoster/fused_ops.h"
 #include "paternoster/kv_cache_manager.h"
+#include "paternoster/linear.h"
 #include "paternoster/thread_pool.h"
 
 namespace py = pybind11;
@@ -158,6 +159,13 @@ PYBIND11_MODULE(_core, m) {
   py::enum_<DType>(m, "DType", "Element type of attention tensors.")
       .value("float32", DType::kFloat32)
       .value("bfloat16", DType::kBFloat16);
+  py::enum_<WeightFormat>(m, "WeightFormat",
+                          "Storage format of a linear layer's weight (see paternoster/linear.h).")
+      .value("float32", WeightFormat::kFloat32)
+      .value("bfloat16", WeightFormat::kBFloat16)
+      .value("q8_0", WeightFormat::kQ8_0)
+      .value("q4_0", WeightFormat::kQ4_0)
+      .value("q4_1", WeightFormat::kQ4_1);
 
   py::class_<BlockPool>(m, "BlockPool",
                         "Fixed pool of reference-counted KV blocks, with an optional prefix cache.")
@@ -353,4 +361,38 @@ PYBIND11_MODULE(_core, m) {
       py::arg("head_size"), py::arg("query_stride"), py::arg("key_stride"),
       py::arg("max_positions"), py::arg("is_neox"), py::arg("dtype"),
       py::call_guard<py::gil_scoped_release>(), "RoPE in place on raw data pointers.");
+
+  // Linear layers, dense or GGUF block-quantized (see paternoster/linear.h).
+  m.def("weight_row_bytes", &weight_row_bytes, py::arg("format"), py::arg("in_features"),
+        "Bytes of one weight row of in_features values in `format`.");
+  m.def("linear_isa", &linear_isa, "SIMD variant of the linear kernel in use.");
+  m.def("available_linear_isas", &available_linear_isas,
+        "SIMD variants of the linear kernel this build and CPU can run, best first.");
+  m.def(
+      "_linear_ptr",
+      [](uintptr_t out, DType out_dtype, uintptr_t x, DType x_dtype, uintptr_t weight,
+         WeightFormat format, uintptr_t bias, int64_t num_tokens, int64_t out_features,
+         int64_t in_features, const std::string& isa) {
+        if (isa.empty()) {
+          linear(ptr<void>(out), out_dtype, ptr<const void>(x), x_dtype, ptr<const void>(weight),
+                 format, ptr<const void>(bias), num_tokens, out_features, in_features);
+        } else {
+          linear_isa_variant(isa.c_str(), ptr<void>(out), out_dtype, ptr<const void>(x), x_dtype,
+                             ptr<const void>(weight), format, ptr<const void>(bias), num_tokens,
+                             out_features, in_features);
+        }
+      },
+      py::arg("out"), py::arg("out_dtype"), py::arg("x"), py::arg("x_dtype"), py::arg("weight"),
+      py::arg("format"), py::arg("bias"), py::arg("num_tokens"), py::arg("out_features"),
+      py::arg("in_features"), py::arg("isa") = "", py::call_guard<py::gil_scoped_release>(),
+      "out = x W^T (+ bias) on raw data pointers (bias 0: none; isa '': the default).");
+  m.def(
+      "_dequantize_rows_ptr",
+      [](uintptr_t out, uintptr_t weight, WeightFormat format, int64_t num_rows,
+         int64_t in_features) {
+        dequantize_rows(ptr<float>(out), ptr<const void>(weight), format, num_rows, in_features);
+      },
+      py::arg("out"), py::arg("weight"), py::arg("format"), py::arg("num_rows"),
+      py::arg("in_features"), py::call_guard<py::gil_scoped_release>(),
+      "Dequantize weight rows to float32 on raw data pointers.");
 }

@@ -16,7 +16,9 @@ class ModelConfig:
 
     Attributes:
         model: path to a local HF model directory (config.json, *.safetensors,
-            tokenizer files).
+            tokenizer files), or a ``.gguf`` file (config, tokenizer and chat
+            template from its metadata; Q8_0/Q4_0/Q4_1 weights kept quantized
+            on CPU, dequantized at load on CUDA).
         dtype: ``auto`` (the checkpoint's ``torch_dtype``), ``float32``,
             ``bfloat16`` or ``float16``.
         max_model_len: context length in tokens (prompt + output); ``None``
@@ -33,6 +35,10 @@ class ModelConfig:
         cuda_graphs: on CUDA, capture the decode forward in CUDA graphs for a
             few padded batch sizes and replay them (saves the per-kernel
             launch overhead, which dominates small decode batches).
+        batch_invariant: a request's tokens and logprobs bit-identical
+            whatever else is in its step, however its prompt is chunked,
+            whether it hits the prefix cache or is preempted (CPU only: fixed
+            reduction-order linear kernels, float32 logits).
     """
 
     model: str
@@ -42,6 +48,7 @@ class ModelConfig:
     device: str = "cpu"
     load_format: str = "safetensors"
     cuda_graphs: bool = False
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:
@@ -51,6 +58,9 @@ class ModelConfig:
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.batch_invariant and kind != "cpu":
+            raise ValueError("batch_invariant needs device 'cpu' (the CUDA kernels have no "
+                             "batch-invariant mode yet)")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
 

@@ -169,10 +169,11 @@ async def serve(args: argparse.Namespace) -> int:
     from paternoster.entrypoints.openai.api_server import ServerLimits, build_app
     from paternoster.frontend.engine_client import EngineClient
     from paternoster.frontend.errors import EngineStartupError
+    from paternoster.model.gguf import is_gguf
 
     model_dir = resolve_model_dir(args.model)
-    if not os.path.isdir(model_dir):
-        logger.error("cannot load model %s: not a directory", model_dir)
+    if not (os.path.isdir(model_dir) or is_gguf(model_dir) and os.path.isfile(model_dir)):
+        logger.error("cannot load model %s: not a directory or a .gguf file", model_dir)
         return 1
     chat_template = None
     if args.chat_template is not None:
@@ -352,9 +353,9 @@ async def _drain(client: Any, timeout_s: float) -> None:
 
 
 def _load_tokenizer(model_dir: str) -> Any:
-    from transformers import AutoTokenizer
+    from paternoster.model.loader import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return load_tokenizer(model_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,6 +71,7 @@ def build_engine_config(
     device: str = "cpu",
     gpu_memory_utilization: float = 0.9,
     cuda_graphs: bool = False,
+    batch_invariant: bool = False,
     load_format: str = "safetensors",
     timeline_size: int = 0,
     timeline_sample_rate: float = 1.0,
@@ -102,6 +103,8 @@ def build_engine_config(
         gpu_memory_utilization: CUDA: fraction of GPU memory for weights,
             activations and KV cache (sizes the KV cache unless ``num_kv_blocks``).
         cuda_graphs: CUDA: replay captured graphs for decode batches.
+        batch_invariant: outputs independent of batching (CPU; see
+            :class:`~paternoster.config.ModelConfig`).
         load_format: ``safetensors`` or ``dummy`` (random weights, benchmarks).
         timeline_size: engine steps the request timeline keeps (0 = off).
         timeline_sample_rate: fraction of requests the timeline records.
@@ -137,6 +140,7 @@ def build_engine_config(
             device=device,
             load_format=load_format,
             cuda_graphs=cuda_graphs,
+            batch_invariant=batch_invariant,
         ),
         cache=CacheConfig(**cache),
         scheduler=SchedulerConfig(**sched),
@@ -154,7 +158,7 @@ ENGINE_ARG_NAMES = (
     "served_model_name", "dtype", "max_model_len", "block_size", "num_kv_blocks",
     "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "scheduler",
     "scheduler_config", "num_threads", "seed", "device", "gpu_memory_utilization",
-    "cuda_graphs", "load_format", "timeline_size", "timeline_sample_rate",
+    "cuda_graphs", "batch_invariant", "load_format", "timeline_size", "timeline_sample_rate",
     "timeline_max_requests", "enable_prefix_caching",
 )  # fmt: skip
 
@@ -234,6 +238,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--cuda-graphs", action="store_true",
         help="CUDA: capture decode steps in CUDA graphs for padded batch sizes",
     )  # fmt: skip
+    g.add_argument(
+        "--batch-invariant", action="store_true",
+        help="a request's tokens and logprobs bit-identical whatever else is batched with it, "
+        "however its prompt is chunked, with or without prefix-cache hits and preemption "
+        "(CPU; costs throughput at large batches, see docs/benchmarks.md)",
+    )
     g.add_argument(
         "--load-format", choices=LOAD_FORMATS, default="safetensors",
         help="dummy = random weights of the config's shapes (benchmarks)",

@@ -44,13 +44,12 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
-        from transformers import AutoTokenizer
-
         from paternoster.engine.core import EngineCore
+        from paternoster.model.loader import load_tokenizer
 
         model_dir = resolve_model_dir(model)
         config = build_engine_config(model_dir, **engine_kwargs)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
         self.engine = EngineCore(config)
         logger.info("%s", self.engine.threads.describe())
         info = self.engine.info

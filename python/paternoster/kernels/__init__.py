@@ -11,7 +11,8 @@ signatures: nothing global is swapped.
 
 Modules: ``checks`` (argument validation), ``native`` (torch reference),
 ``backend`` (the interface), ``cpu`` / ``cuda`` / ``emulation`` (the
-backends), ``dispatch``, ``attention`` and ``elementwise`` (the ops).
+backends), ``dispatch``, ``attention``, ``elementwise`` and ``linear`` (the ops),
+``quant`` (GGUF block-quantized weights).
 
 Layouts (all contiguous, same floating dtype):
 
@@ -49,12 +50,16 @@ from paternoster.kernels.elementwise import (
     silu_and_mul,
 )
 from paternoster.kernels.emulation import cuda_emulation_available, emulated_cuda_backend
+from paternoster.kernels.linear import linear
+from paternoster.kernels.quant import QUANT_FORMATS, QuantizedWeight
 
 __all__ = [
     "Backend",
     "CpuBackend",
     "CudaBackend",
     "NativeBackend",
+    "QUANT_FORMATS",
+    "QuantizedWeight",
     "alloc_decode_workspace",
     "backend_for",
     "cuda_emulation_available",
@@ -62,6 +67,7 @@ __all__ = [
     "emulated_cuda_backend",
     "fused_add_rms_norm",
     "get_num_threads",
+    "linear",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",

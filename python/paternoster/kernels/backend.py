@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from paternoster.kernels import native
 from paternoster.kernels.checks import (
@@ -27,6 +28,7 @@ from paternoster.kernels.checks import (
     check_cache_write,
     check_slots,
 )
+from paternoster.kernels.quant import QuantizedWeight
 
 
 class Backend:
@@ -109,6 +111,25 @@ class Backend:
                          max_query_len: int | None, max_seq_len: int | None,
                          workspace: torch.Tensor | None) -> None:
         raise NotImplementedError
+
+    # ------------------------------------------------------------ linear
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight,
+               bias: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None,
+               invariant: bool = False) -> torch.Tensor:
+        """``x @ weight.T + bias`` (see :func:`paternoster.kernels.linear`):
+        torch's ``F.linear``, a quantized weight dequantized first.
+
+        Raises:
+            ValueError: ``invariant`` (no batch-invariant kernels here).
+        """
+        if invariant:
+            raise ValueError(f"batch-invariant linear layers need the CPU kernels; "
+                             f"{x.device.type} has none")
+        if isinstance(weight, QuantizedWeight):
+            weight = weight.dequantize(x.dtype)
+        y = F.linear(x, weight, bias)
+        return y if out_dtype is None else y.to(out_dtype)
 
     # ------------------------------------------------------------ elementwise
 

@@ -13,6 +13,7 @@ Work is spread over :func:`set_num_threads` threads.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from paternoster import _core
 from paternoster.kernels.backend import Backend
@@ -25,8 +26,19 @@ from paternoster.kernels.checks import (
     check_weight,
     kernel_dtype,
 )
+from paternoster.kernels.quant import QuantizedWeight
 
 CPU_DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloat16}
+
+WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4_0,
+                  "q4_1": _core.WeightFormat.q4_1, torch.float32: _core.WeightFormat.float32,
+                  torch.bfloat16: _core.WeightFormat.bfloat16}
+
+#: Above this many rows a dense (unquantized) linear layer runs on torch's GEMM
+#: (oneDNN), faster there than the core's kernel, unless batch invariance is
+#: asked for. Measured with bench/linear.py on the 2-core AVX-512 EPYC
+#: (docs/benchmarks.md, "Linear layers").
+DENSE_CORE_MAX_TOKENS = 16
 
 set_num_threads = _core.set_num_threads
 get_num_threads = _core.get_num_threads
@@ -134,3 +146,37 @@ class CpuBackend(Backend):
         _core._rotary_embedding_ptr(positions.data_ptr(), query.data_ptr(), key.data_ptr(),
                                     cos_sin_cache.data_ptr(), t, hq, hkv, head_size, q_stride,
                                     k_stride, max_pos, bool(is_neox), dtype)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight,
+               bias: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None,
+               invariant: bool = False) -> torch.Tensor:
+        """The core's GEMV/GEMM (see :func:`paternoster.kernels.linear`); dense
+        weights above :data:`DENSE_CORE_MAX_TOKENS` rows go to torch's GEMM
+        unless ``invariant``.
+
+        Raises:
+            ValueError: naming a bad argument (dtype, shape, device, contiguity).
+        """
+        t, k = check_rows(x, "x", CPU_DTYPES)
+        out_dtype = x.dtype if out_dtype is None else out_dtype
+        if out_dtype not in CPU_DTYPES:
+            raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
+        if isinstance(weight, QuantizedWeight):
+            if weight.device != x.device:
+                raise ValueError(f"weight is on {weight.device}, expected {x.device}")
+            n, wk = weight.shape
+            fmt, data = WEIGHT_FORMATS[weight.format], weight.data
+        else:
+            n, wk = check_tensor(weight, "weight", 2, x.dtype, x.device)
+            if not invariant and t > DENSE_CORE_MAX_TOKENS:
+                y = F.linear(x, weight, bias)
+                return y if y.dtype == out_dtype else y.to(out_dtype)
+            fmt, data = WEIGHT_FORMATS[x.dtype], weight
+        if wk != k:
+            raise ValueError(f"weight has {wk} input features, x has {k}")
+        if bias is not None and tuple(check_tensor(bias, "bias", 1, x.dtype, x.device)) != (n,):
+            raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+        out = torch.empty((t, n), dtype=out_dtype)
+        _core._linear_ptr(out.data_ptr(), CPU_DTYPES[out_dtype], x.data_ptr(), CPU_DTYPES[x.dtype],
+                          data.data_ptr(), fmt, 0 if bias is None else bias.data_ptr(), t, n, k)
+        return out

@@ -24,6 +24,7 @@ object passed in (:class:`~paternoster.model.attention.AttentionOps`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -31,10 +32,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from paternoster import kernels
+from paternoster.kernels import QuantizedWeight
+from paternoster.kernels.quant import cat_rows
 from paternoster.model.attention import AttentionMetadata, AttentionOps, paged_attention_layer
 from paternoster.model.rope import RotaryEmbedding, rope_parameters
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+Weight = torch.Tensor | QuantizedWeight
+
+logger = logging.getLogger(__name__)
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device | None = None) -> nn.Parameter:
@@ -96,11 +102,15 @@ class LlamaAttention(nn.Module):
     """Grouped-query self-attention with fused q/k/v projection and RoPE.
 
     ``qkv_proj.weight`` is [(Hq + 2 Hkv) * D, H]: rows of q, then k, then v.
+    Weights are dense parameters or, once loaded so, quantized
+    (:class:`~paternoster.kernels.QuantizedWeight`); ``invariant`` asks the
+    linear kernels for batch-invariant results.
     """
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps, qkv_bias: bool,
-                 o_bias: bool) -> None:
+                 o_bias: bool, invariant: bool = False) -> None:
         super().__init__()
+        self.invariant = invariant
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -118,21 +128,23 @@ class LlamaAttention(nn.Module):
                 attn: AttentionMetadata) -> torch.Tensor:
         """x: [T, H] -> [T, H]; writes this step's K/V into ``kv_cache``."""
         T = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = kernels.linear(x, self.qkv_weight, self.qkv_bias, invariant=self.invariant)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = rope(q.view(T, self.num_heads, self.head_dim),
                     k.view(T, self.num_kv_heads, self.head_dim))
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         out = paged_attention_layer(self.ops, q, k, v, kv_cache, attn, self.scale)
-        return F.linear(out.view(T, self.q_size), self.o_weight, self.o_bias)
+        return kernels.linear(out.view(T, self.q_size), self.o_weight, self.o_bias,
+                              invariant=self.invariant)
 
 
 class LlamaMLP(nn.Module):
     """SwiGLU feed-forward (Shazeer 2020): ``down(silu(gate(x)) * up(x))`` with
     gate and up fused into ``gate_up_weight`` [2 I, H] (gate rows first)."""
 
-    def __init__(self, config, dtype: torch.dtype) -> None:
+    def __init__(self, config, dtype: torch.dtype, invariant: bool = False) -> None:
         super().__init__()
+        self.invariant = invariant
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act must be 'silu', got {config.hidden_act!r}")
         hidden, inter = config.hidden_size, config.intermediate_size
@@ -145,20 +157,22 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
-        return F.linear(kernels.silu_and_mul(gate_up), self.down_weight, self.down_bias)
+        gate_up = kernels.linear(x, self.gate_up_weight, self.gate_up_bias,
+                                 invariant=self.invariant)
+        return kernels.linear(kernels.silu_and_mul(gate_up), self.down_weight, self.down_bias,
+                              invariant=self.invariant)
 
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``h = x + attn(norm(x)); out = h + mlp(norm(h))``."""
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps, qkv_bias: bool,
-                 o_bias: bool) -> None:
+                 o_bias: bool, invariant: bool = False) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(config, dtype, ops, qkv_bias, o_bias)
+        self.self_attn = LlamaAttention(config, dtype, ops, qkv_bias, o_bias, invariant)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.mlp = LlamaMLP(config, dtype)
+        self.mlp = LlamaMLP(config, dtype, invariant)
 
     def forward(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None,
                 kv_cache: KVCache, attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,6 +208,9 @@ class LlamaForCausalLM(nn.Module):
         dtype: parameter and activation dtype (float32 or bfloat16 on CPU).
         ops: the paged-attention kernels (:class:`AttentionOps`).
         max_positions: RoPE table length; defaults to ``max_position_embeddings``.
+        batch_invariant: every sequence's logits bit-identical whatever else
+            runs in its step (the linear layers on the core's fixed-order
+            kernels; the CPU attention and elementwise kernels are per row).
     Parameters are allocated uninitialised; call :meth:`load_weights`.
     Raises:
         ValueError: unsupported activation or rope type.
@@ -202,10 +219,11 @@ class LlamaForCausalLM(nn.Module):
     qkv_bias = False  # Qwen2 overrides
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
-                 max_positions: int | None = None) -> None:
+                 max_positions: int | None = None, batch_invariant: bool = False) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
+        self.batch_invariant = batch_invariant
         attention_bias = bool(getattr(config, "attention_bias", False))
         qkv_bias = self.qkv_bias or attention_bias
         head_dim = getattr(config, "head_dim", None) or (
@@ -217,7 +235,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, ops, qkv_bias, attention_bias)
+            LlamaDecoderLayer(config, dtype, ops, qkv_bias, attention_bias, batch_invariant)
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
@@ -238,7 +256,7 @@ class LlamaForCausalLM(nn.Module):
         Returns:
             [T, H] final hidden states (after the last RMSNorm), model dtype.
         """
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = embed(input_ids, self.embed_tokens, self.dtype)
         rope = Rope(self.rotary, positions)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
@@ -248,17 +266,20 @@ class LlamaForCausalLM(nn.Module):
         return self.norm.add_forward(x, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] (model dtype) -> float32 logits [N, V] (matmul in model dtype)."""
-        return F.linear(hidden, self.lm_head).float()
+        """hidden [N, H] (model dtype) -> float32 logits [N, V], the sums
+        unrounded where the core's kernel runs (:func:`paternoster.kernels.linear`:
+        quantized LM heads, small batches, batch-invariant mode)."""
+        return kernels.linear(hidden, self.lm_head, out_dtype=torch.float32,
+                              invariant=self.batch_invariant)
 
     # ------------------------------------------------------------------ weights
 
-    def _targets(self, name: str) -> tuple[torch.Tensor, int, int] | None:
-        """Map an HF tensor name to (parameter, first row, row count) or None."""
+    def _targets(self, name: str) -> tuple[nn.Module, str, int, int] | None:
+        """Map an HF tensor name to (module, attribute, first row, row count) or None."""
         if name == "model.embed_tokens.weight":
-            return self.embed_tokens, 0, self.embed_tokens.shape[0]
+            return self, "embed_tokens", 0, self.config.vocab_size
         if name == "model.norm.weight":
-            return self.norm.weight, 0, self.norm.weight.shape[0]
+            return self.norm, "weight", 0, self.config.hidden_size
         if not name.startswith("model.layers."):
             return None
         index, _, rest = name[len("model.layers."):].partition(".")
@@ -266,33 +287,37 @@ class LlamaForCausalLM(nn.Module):
             return None
         layer = self.layers[int(index)]
         attn, mlp = layer.self_attn, layer.mlp
-        q, kv = attn.q_size, attn.kv_size
+        q, kv, h = attn.q_size, attn.kv_size, self.config.hidden_size
         table = {
-            "self_attn.q_proj.weight": (attn.qkv_weight, 0, q),
-            "self_attn.k_proj.weight": (attn.qkv_weight, q, kv),
-            "self_attn.v_proj.weight": (attn.qkv_weight, q + kv, kv),
-            "self_attn.q_proj.bias": (attn.qkv_bias, 0, q),
-            "self_attn.k_proj.bias": (attn.qkv_bias, q, kv),
-            "self_attn.v_proj.bias": (attn.qkv_bias, q + kv, kv),
-            "self_attn.o_proj.weight": (attn.o_weight, 0, attn.o_weight.shape[0]),
-            "self_attn.o_proj.bias": (attn.o_bias, 0, None),
-            "mlp.gate_proj.weight": (mlp.gate_up_weight, 0, mlp.inter),
-            "mlp.up_proj.weight": (mlp.gate_up_weight, mlp.inter, mlp.inter),
-            "mlp.gate_proj.bias": (mlp.gate_up_bias, 0, mlp.inter),
-            "mlp.up_proj.bias": (mlp.gate_up_bias, mlp.inter, mlp.inter),
-            "mlp.down_proj.weight": (mlp.down_weight, 0, mlp.down_weight.shape[0]),
-            "mlp.down_proj.bias": (mlp.down_bias, 0, None),
-            "input_layernorm.weight": (layer.input_layernorm.weight, 0, None),
-            "post_attention_layernorm.weight": (layer.post_attention_layernorm.weight, 0, None),
+            "self_attn.q_proj.weight": (attn, "qkv_weight", 0, q),
+            "self_attn.k_proj.weight": (attn, "qkv_weight", q, kv),
+            "self_attn.v_proj.weight": (attn, "qkv_weight", q + kv, kv),
+            "self_attn.q_proj.bias": (attn, "qkv_bias", 0, q),
+            "self_attn.k_proj.bias": (attn, "qkv_bias", q, kv),
+            "self_attn.v_proj.bias": (attn, "qkv_bias", q + kv, kv),
+            "self_attn.o_proj.weight": (attn, "o_weight", 0, h),
+            "self_attn.o_proj.bias": (attn, "o_bias", 0, h),
+            "mlp.gate_proj.weight": (mlp, "gate_up_weight", 0, mlp.inter),
+            "mlp.up_proj.weight": (mlp, "gate_up_weight", mlp.inter, mlp.inter),
+            "mlp.gate_proj.bias": (mlp, "gate_up_bias", 0, mlp.inter),
+            "mlp.up_proj.bias": (mlp, "gate_up_bias", mlp.inter, mlp.inter),
+            "mlp.down_proj.weight": (mlp, "down_weight", 0, h),
+            "mlp.down_proj.bias": (mlp, "down_bias", 0, h),
+            "input_layernorm.weight": (layer.input_layernorm, "weight", 0, h),
+            "post_attention_layernorm.weight": (layer.post_attention_layernorm, "weight", 0, h),
         }
         target = table.get(rest)
-        if target is None or target[0] is None:
+        if target is None or getattr(target[0], target[1]) is None:
             return None
-        param, start, rows = target
-        return param, start, param.shape[0] if rows is None else rows
+        return target
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> list[str]:
         """Copy HF-named tensors into the (fused) parameters, casting to the model dtype.
+
+        Quantized weights (:class:`~paternoster.kernels.QuantizedWeight`, e.g.
+        from a GGUF file) stay quantized: a matrix loaded whole replaces its
+        parameter, and the parts of a fused one (q/k/v, gate/up) are stacked
+        when they share one format, else dequantized into the dense parameter.
 
         Args:
             weights: (name, tensor) pairs as in an HF ``LlamaForCausalLM``/
@@ -306,33 +331,93 @@ class LlamaForCausalLM(nn.Module):
                 head is the embedding matrix.
         """
         tied = bool(getattr(self.config, "tie_word_embeddings", False))
-        loaded: set[tuple[int, int]] = set()
+        loaded: set[str] = set()
         unused: list[str] = []
-        lm_head: torch.Tensor | None = None
+        lm_head: Weight | None = None
+        parts: dict[tuple[int, str], dict[int, tuple[str, QuantizedWeight]]] = {}
+        owners: dict[tuple[int, str], nn.Module] = {}
         for name, tensor in weights:
             if name == "lm_head.weight":
                 if not tied:
-                    lm_head = _param(*self.embed_tokens.shape, dtype=self.dtype,
-                                     device=self.embed_tokens.device)
-                    _copy_rows(name, lm_head, 0, lm_head.shape[0], tensor)
+                    lm_head = self._lm_head_from(name, tensor)
                 continue
             target = self._targets(name)
             if target is None:
                 unused.append(name)
                 continue
-            param, start, rows = target
-            _copy_rows(name, param, start, rows, tensor)
-            loaded.add((id(param), start))
-        if lm_head is not None:
-            self.lm_head = lm_head
+            owner, attr, start, rows = target
+            param = getattr(owner, attr)
+            if isinstance(tensor, QuantizedWeight):
+                _check_shape(name, tensor.shape, (rows, *param.shape[1:]))
+                if rows == param.shape[0]:
+                    _replace(owner, attr, tensor)
+                else:
+                    key = (id(owner), attr)
+                    owners[key] = owner
+                    parts.setdefault(key, {})[start] = (name, tensor)
+            else:
+                _copy_rows(name, param, start, rows, tensor)
+            loaded.add(name)
+        for key, pieces in parts.items():
+            self._stack_quantized(owners[key], key[1], pieces)
+        _replace(self, "lm_head", lm_head if lm_head is not None else self.embed_tokens)
         missing = self._missing(loaded)
         if missing:
             raise ValueError(f"checkpoint is missing weights: {missing[:8]}"
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
         return unused
 
-    def _missing(self, loaded: set[tuple[int, int]]) -> list[str]:
-        missing = []
+    def _lm_head_from(self, name: str, tensor: Weight) -> Weight:
+        shape = (self.config.vocab_size, self.config.hidden_size)
+        if isinstance(tensor, QuantizedWeight):
+            _check_shape(name, tensor.shape, shape)
+            return tensor
+        lm_head = _param(*shape, dtype=self.dtype, device=self.norm.weight.device)
+        _copy_rows(name, lm_head, 0, shape[0], tensor)
+        return lm_head
+
+    def _stack_quantized(self, owner: nn.Module, attr: str,
+                         pieces: dict[int, tuple[str, QuantizedWeight]]) -> None:
+        """Fused parameter from quantized parts: stacked if one format covers
+        every row, else each part dequantized into the dense parameter."""
+        param = getattr(owner, attr)
+        ordered = [pieces[s] for s in sorted(pieces)]
+        weights = [w for _, w in ordered]
+        rows = sum(w.shape[0] for w in weights)
+        if rows == param.shape[0] and len({w.format for w in weights}) == 1:
+            _replace(owner, attr, cat_rows(weights))
+            return
+        logger.info("%s: parts in formats %s dequantized to %s", attr,
+                    sorted({w.format for w in weights}), self.dtype)
+        for start in sorted(pieces):
+            name, w = pieces[start]
+            _copy_rows(name, param, start, w.shape[0], w.dequantize(self.dtype))
+
+    def dequantize_weights(self) -> int:
+        """Replace every quantized weight by a dense parameter in the model
+        dtype (for devices without quantized kernels); returns how many."""
+        count = 0
+        for module in self.modules():
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, QuantizedWeight):
+                    delattr(module, attr)
+                    setattr(module, attr, nn.Parameter(value.dequantize(self.dtype),
+                                                       requires_grad=False))
+                    count += 1
+        if getattr(self.config, "tie_word_embeddings", False) or self.lm_head is None:
+            _replace(self, "lm_head", self.embed_tokens)
+        return count
+
+    def quantized_weights(self) -> list[QuantizedWeight]:
+        """The weights kept quantized (each once, the tied LM head included once)."""
+        found: dict[int, QuantizedWeight] = {}
+        for module in self.modules():
+            for value in vars(module).values():
+                if isinstance(value, QuantizedWeight):
+                    found[id(value)] = value
+        return list(found.values())
+
+    def _missing(self, loaded: set[str]) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         for i, layer in enumerate(self.layers):
             for rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -347,11 +432,7 @@ class LlamaForCausalLM(nn.Module):
                 names.append(f"model.layers.{i}.self_attn.o_proj.bias")
             if mlp.gate_up_bias is not None:
                 names += [f"model.layers.{i}.mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
-        for name in names:
-            param, start, _ = self._targets(name)
-            if (id(param), start) not in loaded:
-                missing.append(name)
-        return missing
+        return [name for name in names if name not in loaded]
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
@@ -362,7 +443,27 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 
 def _copy_rows(name: str, param: torch.Tensor, start: int, rows: int,
                tensor: torch.Tensor) -> None:
-    expected = (rows, *param.shape[1:])
-    if tuple(tensor.shape) != expected:
-        raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected {expected}")
+    _check_shape(name, tensor.shape, (rows, *param.shape[1:]))
     param.data[start : start + rows].copy_(tensor)
+
+
+def _check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    if tuple(shape) != tuple(expected):
+        raise ValueError(f"weight {name} has shape {tuple(shape)}, expected {tuple(expected)}")
+
+
+def _replace(owner: nn.Module, attr: str, weight: Weight) -> None:
+    """Set a weight attribute: a parameter stays registered as one, a
+    quantized weight replaces the parameter by a plain attribute."""
+    if attr in owner._parameters and not isinstance(weight, nn.Parameter):
+        delattr(owner, attr)
+    setattr(owner, attr, weight)
+
+
+def embed(input_ids: torch.Tensor, table: Weight, dtype: torch.dtype) -> torch.Tensor:
+    """Embedding lookup: rows ``input_ids`` of ``table`` ``[V, H]`` in ``dtype``;
+    a quantized table has just those rows dequantized."""
+    if isinstance(table, QuantizedWeight):
+        rows = QuantizedWeight(table.data[input_ids], table.format, table.in_features)
+        return rows.dequantize(dtype)
+    return F.embedding(input_ids, table)

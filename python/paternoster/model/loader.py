@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from paternoster.model.attention import AttentionOps
+from paternoster.model.gguf import gguf_weights, is_gguf, load_gguf_config
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -29,10 +30,24 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def load_hf_config(model_dir: str | Path):
-    """``transformers.AutoConfig`` of a local model directory (no remote code)."""
+    """``transformers.AutoConfig`` of a local model directory (no remote code),
+    or of a ``.gguf`` file (:func:`paternoster.model.gguf.load_gguf_config`)."""
+    if is_gguf(model_dir):
+        return load_gguf_config(model_dir)
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
+
+
+def load_tokenizer(model: str | Path):
+    """The HF tokenizer (with its chat template) of a model directory or a
+    ``.gguf`` file (built from the file's metadata by transformers)."""
+    from transformers import AutoTokenizer
+
+    if is_gguf(model):
+        p = Path(model)
+        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    return AutoTokenizer.from_pretrained(str(model))
 
 
 def model_class(hf_config) -> type[LlamaForCausalLM]:
@@ -141,17 +156,22 @@ def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]
 
 def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: AttentionOps,
                max_positions: int | None = None,
-               device: torch.device | None = None) -> LlamaForCausalLM:
-    """Instantiate the model for ``hf_config`` and load its safetensors weights.
+               device: torch.device | None = None,
+               batch_invariant: bool = False) -> LlamaForCausalLM:
+    """Instantiate the model for ``hf_config`` and load its weights
+    (safetensors, or a GGUF file's tensors with quantized ones kept so).
 
     Args:
-        model_dir: HF model directory.
+        model_dir: HF model directory or ``.gguf`` file.
         hf_config: its config (see :func:`load_hf_config`).
         dtype: model dtype (see :func:`resolve_dtype`).
         ops: paged-attention kernels.
         max_positions: RoPE table length (defaults to ``max_position_embeddings``).
         device: where the parameters are allocated (default: CPU); weights are
             copied there tensor by tensor, never staged whole in host memory.
+            Off the CPU, quantized weights are dequantized to ``dtype`` (the
+            quantized kernels are CPU-only), said in a log line.
+        batch_invariant: see :class:`~paternoster.model.llama.LlamaForCausalLM`.
     Returns:
         The model in eval mode.
     Raises:
@@ -160,12 +180,23 @@ def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: Attent
         FileNotFoundError: no weights.
     """
     cls = model_class(hf_config)
+    kwargs = {"max_positions": max_positions, "batch_invariant": batch_invariant}
     if device is None:
-        model = cls(hf_config, dtype, ops, max_positions=max_positions)
+        model = cls(hf_config, dtype, ops, **kwargs)
     else:
         with torch.device(device):
-            model = cls(hf_config, dtype, ops, max_positions=max_positions)
-    unused = model.load_weights(iter_safetensors(model_dir))
+            model = cls(hf_config, dtype, ops, **kwargs)
+    weights = (gguf_weights(model_dir, hf_config) if is_gguf(model_dir)
+               else iter_safetensors(model_dir))
+    unused = model.load_weights(weights)
+    quantized = model.quantized_weights()
+    if quantized and device is not None and torch.device(device).type != "cpu":
+        model.dequantize_weights()
+        logger.info("dequantized %d quantized weights to %s at load: the quantized kernels "
+                    "run on CPU only", len(quantized), dtype)
+    elif quantized:
+        logger.info("%d weights kept quantized (%s)", len(quantized),
+                    ", ".join(sorted({w.format for w in quantized})))
     unused = [n for n in unused if not n.endswith("rotary_emb.inv_freq")]
     if unused:
         logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[:4])
@@ -173,7 +204,8 @@ def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: Attent
 
 
 def dummy_model(hf_config, dtype: torch.dtype, ops: AttentionOps, max_positions: int | None,
-                device: torch.device, seed: int = 0) -> LlamaForCausalLM:
+                device: torch.device, seed: int = 0,
+                batch_invariant: bool = False) -> LlamaForCausalLM:
     """The model for ``hf_config`` with random weights, allocated on ``device``
     (``--load-format dummy``: benchmarks of a model's shapes without its
     checkpoint, as vLLM's dummy loader).
@@ -187,7 +219,8 @@ def dummy_model(hf_config, dtype: torch.dtype, ops: AttentionOps, max_positions:
     """
     cls = model_class(hf_config)
     with torch.device(device):
-        model = cls(hf_config, dtype, ops, max_positions=max_positions)
+        model = cls(hf_config, dtype, ops, max_positions=max_positions,
+                    batch_invariant=batch_invariant)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     std = float(getattr(hf_config, "initializer_range", 0.02))

@@ -109,10 +109,12 @@ class ModelRunner:
         self.num_kv_blocks = self._num_blocks(cache_config)
         self.max_model_len = self._max_model_len(model_config)
         if model_config.load_format == "dummy":
-            self.model = dummy_model(cfg, self.dtype, ops, self.max_model_len, self.device)
+            self.model = dummy_model(cfg, self.dtype, ops, self.max_model_len, self.device,
+                                     batch_invariant=model_config.batch_invariant)
         else:
             self.model = load_model(self.model_dir, cfg, self.dtype, ops,
-                                    max_positions=self.max_model_len).to(self.device)
+                                    max_positions=self.max_model_len,
+                                    batch_invariant=model_config.batch_invariant).to(self.device)
         self.kv_caches = [
             (self._empty_cache(), self._empty_cache()) for _ in range(self.num_layers)
         ]
@@ -154,7 +156,7 @@ class ModelRunner:
     def _eos_token_id(self) -> int | None:
         eos = None
         gen = self.model_dir / "generation_config.json"
-        if gen.is_file():
+        if self.model_dir.is_dir() and gen.is_file():
             eos = json.loads(gen.read_text()).get("eos_token_id")
         if eos is None:
             eos = getattr(self.hf_config, "eos_token_id", None)

@@ -1,0 +1,237 @@
+"""Where a decode step's time goes: a per-op profile of steady-state decode steps.
+
+For each batch size ``B``: ``B`` requests of ``--prompt-len`` random tokens are
+added to one :class:`~paternoster.engine.core.EngineCore` and run past their
+prefill; then ``--steps`` decode steps run under ``torch.profiler``. Each
+kernel call of :mod:`paternoster.kernels` and each stage of the step
+(schedule, batch build, forward, sampling, update) is wrapped in a
+``record_function`` range for the run (the wrapping is done here, by
+replacing the module attributes the model and engine call, so the code under
+test is unchanged); matrix multiplies are grouped by weight shape
+(``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``). Prints, per batch, the
+milliseconds per step of each row and its share of the step, and the memory
+limit: bytes of weights and KV read per step divided by the machine's
+measured copy bandwidth (:func:`memory_bandwidth`, a STREAM-like copy).
+Usage::
+
+    .venv/bin/python bench/profile.py [--batches 1,8,64] [--threads 2] [--steps 20]
+        [--quantization none|q8_0|q4_0|q4_1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import random
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import torch
+
+#: The kernel functions wrapped in a profiler range (module paternoster.kernels).
+KERNEL_OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding",
+              "paged_attention", "reshape_and_cache", "linear")
+
+
+def memory_bandwidth(threads: int, size_mb: int = 512, repeats: int = 5) -> float:
+    """Bytes per second of a large copy (STREAM "copy": read + write counted).
+
+    Args:
+        threads: torch threads for the copy.
+        size_mb: array size in MiB (far above the last-level cache).
+        repeats: copies timed; the fastest counts (as STREAM reports).
+    Returns:
+        Best bytes/s, counting the bytes read and the bytes written.
+    """
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.ones(size_mb << 18, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t)
+        return 2 * src.numel() * 4 / best
+    finally:
+        torch.set_num_threads(old)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the parameters a decode step reads (every matrix once; the
+    embedding only for the LM head when it is tied, and a few rows otherwise)."""
+    seen: set[int] = set()
+    total = 0
+    for name, p in list(model.named_parameters()) + list(_extra_weights(model)):
+        if id(p) in seen or name.endswith("embed_tokens") and not _tied(model):
+            continue
+        seen.add(id(p))
+        total += _nbytes(p)
+    return total
+
+
+def _extra_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, buf in model.named_buffers():
+        if buf.dtype == torch.uint8:  # packed quantized weights
+            yield name, buf
+
+
+def _tied(model) -> bool:
+    return getattr(model, "lm_head", None) is getattr(model, "embed_tokens", None)
+
+
+def _nbytes(t) -> int:
+    nbytes = getattr(t, "nbytes", None)
+    return int(nbytes) if nbytes is not None else t.numel() * t.element_size()
+
+
+@contextlib.contextmanager
+def _ranges(engine) -> Iterator[None]:
+    """Wrap kernels and step stages in ``record_function`` ranges, undone on exit."""
+    from paternoster import kernels
+
+    patched: list[tuple[object, str, object]] = []
+
+    def wrap(owner: object, attr: str, label: str) -> None:
+        fn = getattr(owner, attr)
+
+        @functools.wraps(fn)
+        def ranged(*a, **kw):
+            with torch.profiler.record_function(label):
+                return fn(*a, **kw)
+
+        patched.append((owner, attr, fn))
+        setattr(owner, attr, ranged)
+
+    for op in KERNEL_OPS:
+        if hasattr(kernels, op):
+            wrap(kernels, op, f"kernel::{op}")
+    wrap(engine.scheduler, "schedule", "stage::schedule")
+    wrap(engine, "_build_input", "stage::build")
+    wrap(engine.runner, "compute_logits", "stage::forward")
+    wrap(engine.runner.sampler, "sample_step", "stage::sample")
+    wrap(engine.scheduler, "update_from_output", "stage::update")
+    try:
+        yield
+    finally:
+        for owner, attr, fn in reversed(patched):
+            setattr(owner, attr, fn)
+
+
+def _shape_names(model) -> dict[tuple[int, int], str]:
+    """(out, in) of each weight matrix -> its projection name."""
+    layer = model.layers[0]
+    names = {}
+    for label, obj in (("qkv", layer.self_attn.qkv_weight), ("o", layer.self_attn.o_weight),
+                       ("gate_up", layer.mlp.gate_up_weight), ("down", layer.mlp.down_weight),
+                       ("lm_head", model.lm_head)):
+        shape = getattr(obj, "logical_shape", None) or tuple(obj.shape)
+        names[tuple(shape)] = label
+    return names
+
+
+def _matmul_label(event, names: dict[tuple[int, int], str]) -> str | None:
+    if event.name == "aten::embedding":
+        return "embedding"
+    if event.name != "aten::linear":  # (its mm/addmm children are inside it)
+        return None
+    for shape in event.input_shapes or ():
+        if len(shape) == 2 and tuple(shape) in names:
+            return f"matmul::{names[tuple(shape)]}"
+    return "matmul::other"
+
+
+def profile_batch(engine, batch: int, args, rng: random.Random) -> tuple[dict, float]:
+    """Profile ``args.steps`` decode steps at ``batch``; (ms per step by row, step ms)."""
+    from paternoster import SamplingParams
+    from paternoster.engine.messages import EngineCoreRequest
+
+    vocab = engine.runner.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=args.steps * 4 + 64, ignore_eos=True)
+    ids = [f"p{batch}-{i}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(EngineCoreRequest(rid, [rng.randrange(3, vocab)
+                                                  for _ in range(args.prompt_len)], params))
+    counts = dict.fromkeys(ids, 0)
+    while not all(counts.values()):  # prefill
+        for o in engine.step():
+            counts[o.request_id] += len(o.new_token_ids)
+    for _ in range(args.warmup):
+        engine.step()
+    names = _shape_names(engine.runner.model)
+    step_times = []
+    with _ranges(engine), torch.profiler.profile(record_shapes=True) as prof:
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            engine.step()
+            step_times.append(time.perf_counter() - t)
+    engine.abort_requests(ids)
+    rows: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        label = ev.name if "::" in ev.name and ev.name.split("::")[0] in (
+            "kernel", "stage") else _matmul_label(ev, names)
+        if label is not None:
+            rows[label] += ev.cpu_time_total / 1e3 / args.steps  # us -> ms per step
+    return dict(rows), 1e3 * statistics.median(step_times)
+
+
+def _print_table(batch: int, rows: dict[str, float], step_ms: float, limit_ms: float) -> None:
+    print(f"\n## batch {batch}: step {step_ms:.2f} ms (median, profiled), "
+          f"memory limit {limit_ms:.2f} ms ({step_ms / limit_ms:.2f}x)")
+    print("| range | ms/step | % of step |\n|---|---:|---:|")
+    for label, ms in sorted(rows.items(), key=lambda kv: (kv[0].split("::")[0] != "stage",
+                                                            -kv[1])):
+        print(f"| {label} | {ms:.3f} | {100 * ms / step_ms:.1f} |")
+    forward = rows.get("stage::forward", 0.0)
+    inner = sum(v for k, v in rows.items() if not k.startswith("stage::"))
+    print(f"| forward outside kernels and matmuls (Python, embedding, indexing) | "
+          f"{forward - inner:.3f} | {100 * (forward - inner) / step_ms:.1f} |")
+
+
+def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model dir or .gguf (default: embedded)")
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--quantization", default=None,
+                    help="weights kept quantized (see `paternoster serve --quantization`)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",") if b]
+
+    from paternoster import LLM
+    from paternoster.bench.roofline import machine_info
+
+    kwargs = dict(dtype=args.dtype, max_num_seqs=max(batches), num_threads=args.threads,
+                  max_model_len=2048)
+    if args.quantization:
+        kwargs["quantization"] = args.quantization
+    llm = LLM(args.model, **kwargs) if args.model else LLM(**kwargs)
+    engine = llm.engine
+    bandwidth = memory_bandwidth(args.threads)
+    model = engine.runner.model
+    wbytes = weight_bytes(model)
+    kv_per_token = (2 * engine.runner.num_layers * engine.runner.num_kv_heads
+                    * engine.runner.head_dim * engine.runner.dtype.itemsize)
+    print(f"{machine_info()}")
+    print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s ({args.threads} threads); "
+          f"weights read per step {wbytes / 1e6:.1f} MB; KV {kv_per_token} B/token")
+    rng = random.Random(args.seed)
+    for b in batches:
+        rows, step_ms = profile_batch(engine, b, args, rng)
+        context = args.prompt_len + args.warmup + args.steps // 2
+        limit_ms = 1e3 * (wbytes + b * context * kv_per_token) / bandwidth
+        _print_table(b, rows, step_ms, limit_ms)
+
+
+if __name__ == "__main__":
+    main()

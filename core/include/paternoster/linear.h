@@ -1,0 +1,67 @@
+// Linear layers on the CPU: out = x W^T (+ bias), with W dense (float32,
+// bfloat16) or kept in a GGUF block-quantized format (Q8_0, Q4_0, Q4_1) and
+// dequantized on the fly, one block row at a time, into a small float32 tile.
+//
+// Layouts (row-major):
+//   x      [num_tokens, in_features]    float32 or bfloat16 (x_dtype)
+//   weight [out_features, in_features]  dense: in the weight format's element
+//          type; quantized: out_features rows of weight_row_bytes(format,
+//          in_features) bytes each, the blocks of ggml/GGUF (quantization
+//          along in_features, 32 values a block):
+//            Q8_0: {float16 d; int8 q[32]}            value = d * q
+//            Q4_0: {float16 d; uint8 q[16]}           value = d * (nibble - 8)
+//            Q4_1: {float16 d; float16 m; uint8 q[16]} value = d * nibble + m
+//          where byte j of q holds element j in its low nibble and element
+//          j + 16 in its high nibble (ggml's ggml-common.h, GGUF spec).
+//   bias   [out_features] in x_dtype, or null
+//   out    [num_tokens, out_features]   float32 or bfloat16 (out_dtype)
+//
+// Arithmetic is float32 with one rounding to out_dtype at the end.
+// Batch invariance: every output element is reduced in the same order (fixed
+// by in_features and the ISA variant alone), whatever num_tokens is, which
+// rows it shares a call with and how the work is split over threads, so a
+// row's result is bit-identical however it is batched. (Thread splits cut
+// out_features and token blocks, never the reduction.)
+//
+// Work is split over default_thread_pool(). Every function checks its
+// arguments and throws std::invalid_argument before writing anything.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "paternoster/attention.h"  // DType
+
+namespace paternoster {
+
+enum class WeightFormat : int32_t { kFloat32 = 0, kBFloat16 = 1, kQ8_0 = 8, kQ4_0 = 2, kQ4_1 = 3 };
+
+// Values per quantization block of the quantized formats.
+constexpr int64_t kQuantBlock = 32;
+
+// Bytes of one weight row of in_features values in `format`; quantized
+// formats need in_features % 32 == 0 (std::invalid_argument otherwise).
+int64_t weight_row_bytes(WeightFormat format, int64_t in_features);
+
+// out = x W^T (+ bias); see the header comment for layouts and rounding.
+void linear(void* out, DType out_dtype, const void* x, DType x_dtype, const void* weight,
+            WeightFormat format, const void* bias, int64_t num_tokens, int64_t out_features,
+            int64_t in_features);
+
+// Dequantizes rows [0, num_rows) of a weight in `format` into float32
+// out [num_rows, in_features] (the values the linear kernel multiplies by).
+void dequantize_rows(float* out, const void* weight, WeightFormat format, int64_t num_rows,
+                     int64_t in_features);
+
+// The ISA variants of the linear kernel this build and CPU can run, best
+// first (those of the attention kernel), and the one in use.
+std::vector<std::string> available_linear_isas();
+const char* linear_isa();
+
+// linear() with an explicit ISA variant (tests and benchmarks).
+void linear_isa_variant(const char* isa, void* out, DType out_dtype, const void* x,
+                        DType x_dtype, const void* weight, WeightFormat format, const void* bias,
+                        int64_t num_tokens, int64_t out_features, int64_t in_features);
+
+}  // namespace paternoster

@@ -1,0 +1,171 @@
+// Linear-layer driver: argument checks, float32 copies of x and bias, the
+// split of the output over the thread pool, and the choice of SIMD variant
+// (the attention kernel's, so $PATERNOSTER_CPU_ISA applies here too).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attention_kernel.h"
+#include "linear_kernel.h"
+#include "paternoster/linear.h"
+#include "paternoster/thread_pool.h"
+
+namespace paternoster {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+
+// Token rows per work item: x rows of one item stay in L2 while every weight
+// tile of the item passes over them.
+constexpr int64_t kTokenBlock = 64;
+// Below this many multiply-adds a call runs on the calling thread alone
+// (waking a worker costs tens of microseconds; a 1M-MAC bfloat16 GEMV reads
+// 2 MB of weights, ~40 us on one core of the 2-core EPYC this was tuned on).
+constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
+// Work items per thread, so the dynamic schedule evens out.
+constexpr int64_t kItemsPerThread = 4;
+
+const detail::LinearKernels* compiled_kernels(const std::string& isa) {
+#if defined(PATERNOSTER_HAVE_AVX512)
+  if (isa == "avx512") return &detail::avx512::kLinearKernels;
+#endif
+#if defined(PATERNOSTER_HAVE_AVX2)
+  if (isa == "avx2") return &detail::avx2::kLinearKernels;
+#endif
+  if (isa == "baseline") return &detail::baseline::kLinearKernels;
+  return nullptr;
+}
+
+const detail::LinearKernels& kernels_for(const std::string& isa) {
+  for (const std::string& name : detail::available_attention_isas()) {
+    if (name == isa) {
+      if (const detail::LinearKernels* k = compiled_kernels(isa)) return *k;
+    }
+  }
+  fail("linear ISA variant not available: " + isa);
+}
+
+const detail::LinearKernels& default_kernels() {
+  static const detail::LinearKernels& chosen = kernels_for(attention_isa());
+  return chosen;
+}
+
+bool is_quantized(WeightFormat f) {
+  return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1;
+}
+
+// float32 copy of rows x [n, k] in `dtype` (bfloat16 widens exactly).
+const float* as_float(const void* x, DType dtype, int64_t count, std::vector<float>& buf) {
+  if (dtype == DType::kFloat32) return static_cast<const float*>(x);
+  buf.resize(static_cast<size_t>(count));
+  const uint16_t* src = static_cast<const uint16_t*>(x);
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(&buf[static_cast<size_t>(i)], &u, sizeof u);
+  }
+  return buf.data();
+}
+
+void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void* x,
+         DType x_dtype, const void* weight, WeightFormat format, const void* bias,
+         int64_t num_tokens, int64_t out_features, int64_t in_features) {
+  dtype_size(out_dtype);
+  dtype_size(x_dtype);
+  if (num_tokens < 0) fail("num_tokens must be >= 0, got " + std::to_string(num_tokens));
+  if (out_features <= 0) fail("out_features must be > 0, got " + std::to_string(out_features));
+  const int64_t row_bytes = weight_row_bytes(format, in_features);
+  if (num_tokens == 0) return;
+  if (!out || !x || !weight) fail("out, x and weight must not be null");
+
+  thread_local std::vector<float> x_buf, bias_buf;
+  detail::LinearArgs args{out, out_dtype,
+                          as_float(x, x_dtype, num_tokens * in_features, x_buf),
+                          static_cast<const uint8_t*>(weight), format, row_bytes,
+                          bias ? as_float(bias, x_dtype, out_features, bias_buf) : nullptr,
+                          num_tokens, out_features, in_features};
+
+  const int64_t token_blocks = (num_tokens + kTokenBlock - 1) / kTokenBlock;
+  const int64_t tiles = (out_features + detail::kLinearNR - 1) / detail::kLinearNR;
+  ThreadPool& pool = default_thread_pool();
+  const int64_t threads = pool.num_threads();
+  const bool parallel =
+      threads > 1 && num_tokens * out_features * in_features >= kMinParallelMacs;
+  const int64_t want = parallel ? threads * kItemsPerThread : 1;
+  const int64_t col_chunks = std::max<int64_t>(1, std::min(tiles, want / token_blocks));
+  const int64_t items = token_blocks * col_chunks;
+  auto item = [&](int64_t i) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(detail::kLinearNR * in_features));
+    const int64_t tb = i / col_chunks, c = i % col_chunks;
+    const int64_t m0 = tb * kTokenBlock, m1 = std::min(num_tokens, m0 + kTokenBlock);
+    const int64_t n0 = tiles * c / col_chunks * detail::kLinearNR;
+    const int64_t n1 = std::min(out_features, tiles * (c + 1) / col_chunks * detail::kLinearNR);
+    k.tile(args, m0, m1, n0, n1, scratch.data());
+  };
+  if (!parallel) {
+    for (int64_t i = 0; i < items; ++i) item(i);
+  } else {
+    pool.parallel_for(items, item);
+  }
+}
+
+}  // namespace
+
+int64_t weight_row_bytes(WeightFormat format, int64_t in_features) {
+  if (in_features <= 0) fail("in_features must be > 0, got " + std::to_string(in_features));
+  if (is_quantized(format) && in_features % kQuantBlock) {
+    fail("in_features must be a multiple of 32 for quantized weights, got " +
+         std::to_string(in_features));
+  }
+  switch (format) {
+    case WeightFormat::kFloat32: return 4 * in_features;
+    case WeightFormat::kBFloat16: return 2 * in_features;
+    case WeightFormat::kQ8_0: return in_features / kQuantBlock * 34;
+    case WeightFormat::kQ4_0: return in_features / kQuantBlock * 18;
+    case WeightFormat::kQ4_1: return in_features / kQuantBlock * 20;
+  }
+  fail("unknown weight format " + std::to_string(static_cast<int>(format)));
+}
+
+void linear(void* out, DType out_dtype, const void* x, DType x_dtype, const void* weight,
+            WeightFormat format, const void* bias, int64_t num_tokens, int64_t out_features,
+            int64_t in_features) {
+  run(default_kernels(), out, out_dtype, x, x_dtype, weight, format, bias, num_tokens,
+      out_features, in_features);
+}
+
+void linear_isa_variant(const char* isa, void* out, DType out_dtype, const void* x,
+                        DType x_dtype, const void* weight, WeightFormat format, const void* bias,
+                        int64_t num_tokens, int64_t out_features, int64_t in_features) {
+  run(kernels_for(isa ? isa : ""), out, out_dtype, x, x_dtype, weight, format, bias, num_tokens,
+      out_features, in_features);
+}
+
+void dequantize_rows(float* out, const void* weight, WeightFormat format, int64_t num_rows,
+                     int64_t in_features) {
+  const int64_t row_bytes = weight_row_bytes(format, in_features);
+  if (num_rows < 0) fail("num_rows must be >= 0, got " + std::to_string(num_rows));
+  if (num_rows == 0) return;
+  if (!out || !weight) fail("out and weight must not be null");
+  const auto& k = default_kernels();
+  const uint8_t* w = static_cast<const uint8_t*>(weight);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    k.dequantize_row(w + r * row_bytes, format, in_features, out + r * in_features);
+  }
+}
+
+std::vector<std::string> available_linear_isas() {
+  std::vector<std::string> names;
+  for (const std::string& n : detail::available_attention_isas()) {
+    if (compiled_kernels(n)) names.push_back(n);
+  }
+  return names;
+}
+
+const char* linear_isa() { return default_kernels().isa; }
+
+}  // namespace paternoster

@@ -1,0 +1,5 @@
+// The linear-layer tile kernels built for the "avx2" ISA level (see
+// CMakeLists.txt for its -march). Selected at run time by linear_cpu.cc.
+#define PATERNOSTER_ISA_NS avx2
+#define PATERNOSTER_SIMD_WIDTH 8
+#include "linear_kernel.inc"

@@ -1,0 +1,43 @@
+// Internal interface between the linear-layer driver (linear_cpu.cc: checks,
+// conversions, threads, choice of variant) and the per-ISA tile kernels
+// (linear_isa_*.cc, each compiling linear_kernel.inc with its own SIMD width
+// and -march).
+#pragma once
+
+#include <cstdint>
+
+#include "paternoster/linear.h"
+
+namespace paternoster {
+namespace detail {
+
+// One call's operands, x and bias already in float32.
+struct LinearArgs {
+  void* out;            // [M, N] in out_dtype
+  DType out_dtype;
+  const float* x;       // [M, K]
+  const uint8_t* weight;
+  WeightFormat format;
+  int64_t row_bytes;    // bytes per weight row
+  const float* bias;    // [N] or null
+  int64_t M, N, K;
+};
+
+// Weight rows a tile kernel dequantizes at a time (its scratch: kLinearNR * K floats).
+constexpr int64_t kLinearNR = 4;
+
+struct LinearKernels {
+  const char* isa;
+  // out rows [m0, m1) x columns [n0, n1); scratch holds kLinearNR * K floats.
+  void (*tile)(const LinearArgs&, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+               float* scratch);
+  // One weight row of K values in `format` -> float32 (dense formats too).
+  void (*dequantize_row)(const uint8_t* row, WeightFormat format, int64_t K, float* out);
+};
+
+namespace baseline { extern const LinearKernels kLinearKernels; }
+namespace avx2 { extern const LinearKernels kLinearKernels; }
+namespace avx512 { extern const LinearKernels kLinearKernels; }
+
+}  // namespace detail
+}  // namespace paternoster

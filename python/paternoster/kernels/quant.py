@@ -1,0 +1,132 @@
+"""Weights kept in a GGUF block-quantized format, and their torch reference
+dequantization.
+
+Formats (ggml's ``ggml-common.h``; the GGUF specification), quantized along
+the input features in blocks of 32 values, one block a row of bytes:
+
+- ``q8_0``: ``{float16 d; int8 q[32]}`` (34 bytes), value ``d * q``
+- ``q4_0``: ``{float16 d; uint8 q[16]}`` (18 bytes), value ``d * (nibble - 8)``
+- ``q4_1``: ``{float16 d; float16 m; uint8 q[16]}`` (20 bytes), value
+  ``d * nibble + m``
+
+where byte ``j`` of ``q`` holds element ``j`` in its low nibble and element
+``j + 16`` in its high nibble. The CPU kernels compute with these bytes
+directly (:func:`paternoster.kernels.linear`); :func:`dequantize_torch` is the
+reference, written from the format description, used where no kernel takes
+them (CUDA dequantizes at load).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: Values per quantization block.
+BLOCK = 32
+#: Bytes per block of each quantized format.
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+#: The formats :class:`QuantizedWeight` holds.
+QUANT_FORMATS = tuple(BLOCK_BYTES)
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A linear layer's weight ``[out_features, in_features]`` kept quantized.
+
+    Attributes:
+        data: uint8 ``[out_features, in_features // 32 * block bytes]``,
+            contiguous: each row the GGUF blocks of one output feature.
+        format: one of :data:`QUANT_FORMATS`.
+        in_features: K, a multiple of 32.
+
+    Raises:
+        ValueError: unknown format, ``in_features`` not a positive multiple of
+            32, or ``data`` not a contiguous uint8 matrix of the matching width.
+    """
+
+    data: torch.Tensor
+    format: str
+    in_features: int
+
+    def __post_init__(self) -> None:
+        if self.format not in BLOCK_BYTES:
+            raise ValueError(f"format must be one of {QUANT_FORMATS}, got {self.format!r}")
+        if self.in_features <= 0 or self.in_features % BLOCK:
+            raise ValueError(f"in_features must be a positive multiple of {BLOCK}, "
+                             f"got {self.in_features}")
+        width = self.in_features // BLOCK * BLOCK_BYTES[self.format]
+        if (self.data.dtype != torch.uint8 or self.data.dim() != 2
+                or self.data.shape[1] != width or not self.data.is_contiguous()):
+            raise ValueError(f"data must be a contiguous uint8 [out_features, {width}] "
+                             f"tensor for {self.format} with in_features={self.in_features}, "
+                             f"got {self.data.dtype} {tuple(self.data.shape)}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The logical ``(out_features, in_features)``."""
+        return (self.data.shape[0], self.in_features)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the bytes are."""
+        return self.data.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the quantized data."""
+        return self.data.numel()
+
+    def rows(self, start: int, count: int) -> QuantizedWeight:
+        """Rows ``[start, start + count)`` as a new weight (a copy)."""
+        return QuantizedWeight(self.data[start:start + count].contiguous(), self.format,
+                               self.in_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values, ``[out_features, in_features]`` in ``dtype``
+        (:func:`dequantize_torch`)."""
+        return dequantize_torch(self.data, self.format, self.in_features).to(dtype)
+
+
+def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Stack weights of one format and width along the output features.
+
+    Raises:
+        ValueError: the parts differ in format or ``in_features``, or none given.
+    """
+    if not parts:
+        raise ValueError("cat_rows needs at least one weight")
+    first = parts[0]
+    if any(p.format != first.format or p.in_features != first.in_features for p in parts):
+        raise ValueError("cat_rows: all parts need one format and in_features, got "
+                         f"{[(p.format, p.in_features) for p in parts]}")
+    return QuantizedWeight(torch.cat([p.data for p in parts]).contiguous(), first.format,
+                           first.in_features)
+
+
+def dequantize_torch(data: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
+    """Reference dequantization of GGUF blocks to float32 (any device).
+
+    Args:
+        data: uint8 ``[rows, in_features // 32 * BLOCK_BYTES[fmt]]``.
+        fmt: one of :data:`QUANT_FORMATS`.
+        in_features: values per row, a multiple of 32.
+    Returns:
+        float32 ``[rows, in_features]``.
+    Raises:
+        ValueError: unknown ``fmt``.
+    """
+    if fmt not in BLOCK_BYTES:
+        raise ValueError(f"format must be one of {QUANT_FORMATS}, got {fmt!r}")
+    rows = data.shape[0]
+    blocks = data.reshape(rows, in_features // BLOCK, BLOCK_BYTES[fmt])
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [rows, nb, 1]
+    if fmt == "q8_0":
+        q = blocks[..., 2:].contiguous().view(torch.int8).float()
+        return (d * q).reshape(rows, in_features)
+    qs = blocks[..., 4:] if fmt == "q4_1" else blocks[..., 2:]
+    nibbles = torch.cat([qs & 15, qs >> 4], dim=-1).float()  # elements j, then j + 16
+    if fmt == "q4_0":
+        return (d * (nibbles - 8)).reshape(rows, in_features)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    return (d * nibbles + m).reshape(rows, in_features)

@@ -1,0 +1,182 @@
+"""Serve a GGUF file directly: its config and weights, quantized weights kept
+quantized.
+
+The config (and, in the frontend, the tokenizer and chat template) come from
+the file's metadata through transformers' GGUF support; the tensors are read
+with the ``gguf`` package (memory-mapped), renamed to HF's names and handed to
+the model's ``load_weights``:
+
+- F32, F16, BF16 tensors: dense, cast to the model dtype;
+- Q8_0, Q4_0, Q4_1 tensors: kept as their GGUF blocks
+  (:class:`~paternoster.kernels.QuantizedWeight`), computed with directly by
+  the CPU kernels (dequantized at load on CUDA, which has no such kernels);
+- anything else is refused, naming the tensor, its type and the supported ones.
+
+llama.cpp's converter permutes the rows of the q and k projections of Llama
+models (its RoPE pairs adjacent dimensions, HF's pairs halves); the rows are
+permuted back here (the quantization blocks run along a row, so whole rows
+move).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from paternoster.kernels.quant import QuantizedWeight
+
+#: GGUF ``general.architecture`` values served, and the HF class they load as.
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+#: GGUF tensor types kept quantized, by our format name.
+QUANTIZED_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+#: GGUF tensor types loaded dense.
+DENSE_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+def is_gguf(path: str | Path) -> bool:
+    """True for a path naming a ``.gguf`` file."""
+    return str(path).lower().endswith(".gguf")
+
+
+def gguf_architecture(path: str | Path) -> str:
+    """The file's ``general.architecture``.
+
+    Raises:
+        ValueError: not a readable GGUF file, or the key is missing.
+    """
+    reader = _reader(path)
+    field = reader.fields.get("general.architecture")
+    if field is None:
+        raise ValueError(f"{path}: no general.architecture in the GGUF metadata")
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def load_gguf_config(path: str | Path):
+    """The transformers config of a GGUF file (from its metadata).
+
+    Raises:
+        ValueError: an architecture other than :data:`GGUF_ARCHITECTURES`
+            (the message lists them).
+    """
+    arch = gguf_architecture(path)
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; "
+                         f"supported: {', '.join(GGUF_ARCHITECTURES)}")
+    from transformers import AutoConfig
+
+    p = Path(path)
+    config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+    config.architectures = [GGUF_ARCHITECTURES[arch]]
+    # Activations and KV cache in bfloat16 under --dtype auto (the weights keep their types).
+    config.dtype = "bfloat16"
+    # transformers' GGUF config mapping leaves the file's type; weights carry theirs.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
+def gguf_weights(path: str | Path,
+                 hf_config) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """The tensors of a GGUF file under HF names, quantized ones kept so.
+
+    Args:
+        path: the ``.gguf`` file.
+        hf_config: its config (:func:`load_gguf_config`), for the head counts
+            of the q/k row permutation.
+    Yields:
+        (HF name, dense tensor or :class:`QuantizedWeight`), rows in HF order.
+    Raises:
+        ValueError: a tensor type outside :data:`QUANTIZED_TYPES` and
+            :data:`DENSE_TYPES` (naming the tensor and listing them).
+    """
+    reader = _reader(path)
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    llama = gguf_architecture(path) == "llama"
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        kind = t.tensor_type.name
+        if kind in QUANTIZED_TYPES:
+            # A copy in memory: the file may change or go while we serve.
+            weight: torch.Tensor | QuantizedWeight = QuantizedWeight(
+                torch.from_numpy(np.array(t.data)), QUANTIZED_TYPES[kind], int(t.shape[0]))
+        elif kind in DENSE_TYPES:
+            array = np.array(t.data)
+            if kind == "BF16":
+                weight = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+            else:
+                weight = torch.from_numpy(array)
+            weight = weight.reshape([int(d) for d in reversed(t.shape)])
+        else:
+            raise ValueError(
+                f"{path}: tensor {t.name} has GGUF type {kind}, which is not supported; "
+                f"supported: {', '.join([*QUANTIZED_TYPES, *DENSE_TYPES])}")
+        if llama and name.endswith(("q_proj.weight", "k_proj.weight")):
+            weight = unpermute_rows(weight, heads if "q_proj" in name else kv_heads)
+        yield name, weight
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """HF's name for a GGUF tensor name (``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``), None for tensors we do not load
+    (e.g. ``rope_freqs``)."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{suffix}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    return None
+
+
+def unpermute_rows(weight: torch.Tensor | QuantizedWeight,
+                   num_heads: int) -> torch.Tensor | QuantizedWeight:
+    """Undo llama.cpp's q/k row permutation (rows of each head go from
+    interleaved pairs ``(0, d/2), (1, d/2 + 1), ...`` back to halves).
+
+    Args:
+        weight: ``[num_heads * head_dim, in_features]`` (dense or quantized rows).
+        num_heads: heads of this projection.
+    Returns:
+        The weight with rows in HF order.
+    """
+    data = weight.data if isinstance(weight, QuantizedWeight) else weight
+    rows = data.shape[0]
+    half = rows // num_heads // 2
+    # HF row (h, p, j) (p: which half, j: index in it) is GGUF row (h, j, p).
+    source = torch.arange(rows).reshape(num_heads, half, 2).transpose(1, 2).reshape(rows)
+    moved = data[source].contiguous()
+    if isinstance(weight, QuantizedWeight):
+        return QuantizedWeight(moved, weight.format, weight.in_features)
+    return moved
+
+
+def _reader(path: str | Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path), "r")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable GGUF file ({e})") from e

@@ -1,0 +1,132 @@
+"""The linear layer (``paternoster.kernels.linear``) against independent
+references: the ``gguf`` package's own quantizer and dequantizer (llama.cpp's
+gguf-py) for the block formats, and float64 matmuls; batch invariance checked
+bit for bit; the torch reference dequantizer against gguf's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from paternoster import _core, kernels
+from paternoster.kernels.cpu import DENSE_CORE_MAX_TOKENS, CpuBackend
+from paternoster.kernels.quant import QuantizedWeight, dequantize_torch
+
+GGML_TYPES = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
+              "q4_1": GGMLQuantizationType.Q4_1}
+
+
+def quantized(w: torch.Tensor, fmt: str) -> tuple[QuantizedWeight, torch.Tensor]:
+    """``w`` quantized by gguf-py, and gguf-py's dequantization of it (float64)."""
+    blocks = quants.quantize(w.numpy(), GGML_TYPES[fmt])
+    ref = torch.from_numpy(quants.dequantize(blocks, GGML_TYPES[fmt]).astype(np.float64))
+    return QuantizedWeight(torch.from_numpy(np.ascontiguousarray(blocks)), fmt, w.shape[1]), ref
+
+
+@pytest.fixture(autouse=True)
+def _two_threads():
+    old = kernels.get_num_threads()
+    kernels.set_num_threads(2)
+    yield
+    kernels.set_num_threads(old)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_matches_gguf_dequantized(fmt, dtype):
+    torch.manual_seed(0)
+    w = torch.randn(200, 576)
+    qw, ref_w = quantized(w, fmt)
+    x = torch.randn(9, 576).to(dtype)
+    bias = torch.randn(200).to(dtype)
+    ref = x.double() @ ref_w.T + bias.double()
+    out = kernels.linear(x, qw, bias, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    scale = (x.double().abs() @ ref_w.abs().T).max()
+    assert (out.double() - ref).abs().max() <= 1e-6 * scale
+    # Model-dtype output: the float32 result rounded once.
+    assert torch.equal(kernels.linear(x, qw, bias), out.to(dtype))
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+def test_torch_reference_dequantizer_matches_gguf(fmt):
+    torch.manual_seed(1)
+    qw, ref_w = quantized(torch.randn(33, 96), fmt)
+    assert torch.allclose(dequantize_torch(qw.data, fmt, 96).double(), ref_w, rtol=1e-6,
+                          atol=1e-7)
+
+
+def test_dense_small_batches_run_on_the_core_and_match_float64():
+    """Up to DENSE_CORE_MAX_TOKENS rows: the core's unrounded float32 sums;
+    above: torch's bfloat16 GEMM (its result rounded to bfloat16)."""
+    torch.manual_seed(2)
+    w = torch.randn(300, 130).bfloat16()
+    for t in (1, DENSE_CORE_MAX_TOKENS, DENSE_CORE_MAX_TOKENS + 1):
+        x = torch.randn(t, 130).bfloat16()
+        out = kernels.linear(x, w, out_dtype=torch.float32)
+        ref = x.double() @ w.double().T
+        rounding = 0.0 if t <= DENSE_CORE_MAX_TOKENS else 2.0**-8
+        assert ((out.double() - ref).abs() <= 1e-4 + rounding * ref.abs()).all(), t
+
+
+@pytest.mark.parametrize("weight_kind", ["bfloat16", "float32", "q4_1", "q8_0"])
+def test_batch_invariant_bits(weight_kind):
+    """A row alone, inside batches of several sizes and with 1 or 2 threads:
+    the same bits (the fixed reduction order of paternoster/linear.h)."""
+    torch.manual_seed(3)
+    w = torch.randn(257, 576)
+    dtype = torch.float32 if weight_kind == "float32" else torch.bfloat16
+    weight = quantized(w, weight_kind)[0] if weight_kind.startswith("q") else w.to(dtype)
+    x = torch.randn(80, 576).to(dtype)
+    alone = kernels.linear(x[5:6].clone(), weight, out_dtype=torch.float32, invariant=True)
+    for t, threads in ((7, 1), (33, 2), (80, 2)):
+        kernels.set_num_threads(threads)
+        batch = kernels.linear(x[:t], weight, out_dtype=torch.float32, invariant=True)
+        assert torch.equal(batch[5], alone[0]), (t, threads)
+
+
+def test_isa_variants_agree_within_rounding():
+    torch.manual_seed(4)
+    qw, ref_w = quantized(torch.randn(64, 320), "q4_1")
+    x = torch.randn(3, 320)
+    ref = x.double() @ ref_w.T
+    for isa in _core.available_linear_isas():
+        out = torch.empty(3, 64)
+        _core._linear_ptr(out.data_ptr(), _core.DType.float32, x.data_ptr(), _core.DType.float32,
+                          qw.data.data_ptr(), _core.WeightFormat.q4_1, 0, 3, 64, 320, isa)
+        assert (out.double() - ref).abs().max() < 1e-4, isa
+
+
+def test_bad_arguments_name_the_argument():
+    backend = CpuBackend()
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="input features"):
+        backend.linear(x, torch.randn(8, 32))
+    with pytest.raises(ValueError, match="weight must be torch.float32"):
+        backend.linear(x, torch.randn(8, 64).bfloat16())
+    with pytest.raises(ValueError, match="bias"):
+        backend.linear(x, torch.randn(8, 64), torch.randn(7))
+    with pytest.raises(ValueError, match="out_dtype"):
+        backend.linear(x, torch.randn(8, 64), out_dtype=torch.float16)
+    qw = quantized(torch.randn(8, 64), "q8_0")[0]
+    with pytest.raises(ValueError, match="input features"):
+        backend.linear(torch.randn(2, 96), qw)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantizedWeight(qw.data, "q8_0", 48)
+    with pytest.raises(ValueError, match="format"):
+        QuantizedWeight(qw.data, "q5_k", 64)
+    with pytest.raises(ValueError, match="uint8"):
+        QuantizedWeight(qw.data[:, :10].contiguous(), "q8_0", 64)
+
+
+def test_native_backend_refuses_invariant_and_dequantizes():
+    from paternoster.kernels import NativeBackend
+
+    qw, ref_w = quantized(torch.randn(16, 64), "q4_0")
+    x = torch.randn(2, 64)
+    out = NativeBackend("cpu").linear(x, qw)
+    assert torch.allclose(out.double(), x.double() @ ref_w.T, atol=1e-4)
+    with pytest.raises(ValueError, match="batch-invariant"):
+        NativeBackend("cpu").linear(x, qw, invariant=True)

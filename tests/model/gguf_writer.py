@@ -1,0 +1,122 @@
+"""Write a GGUF file from an HF Llama model the way llama.cpp's converter does
+(``convert_hf_to_gguf.py``: metadata keys, tensor names, the q/k row
+permutation), quantizing matrices with the ``gguf`` package's own quantizer.
+The test reference is HF's model with gguf-py's dequantization of exactly the
+blocks written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+QTYPES = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
+          "q4_1": GGMLQuantizationType.Q4_1, "f32": GGMLQuantizationType.F32,
+          "f16": GGMLQuantizationType.F16}
+
+_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's q/k row permutation (HF halves -> interleaved pairs)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape)
+
+
+def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "q8_0",
+                     layer_types: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """Write ``hf_model`` (an HF ``LlamaForCausalLM``) to ``path``.
+
+    Args:
+        matrix_type: GGUF type of the layer matrices (``q8_0``, ``q4_0``,
+            ``q4_1``, ``f32``, ``f16``).
+        embed_type: type of ``token_embd`` (and of ``output`` when untied).
+        layer_types: per HF-suffix overrides (e.g. ``{"self_attn.v_proj": "q8_0"}``).
+    Returns:
+        The HF state dict with every tensor replaced by what the file holds,
+        dequantized by gguf-py and un-permuted (the reference weights).
+    """
+    cfg = hf_model.config
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_file_type(1)
+    # A byte-level BPE vocabulary of the right size, so transformers can read the file.
+    tokens = ["<s>", "</s>", "<unk>", "a", "b", "ab"]
+    tokens += [f"x{i}" for i in range(cfg.vocab_size - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (cfg.vocab_size - 3))
+    w.add_token_scores([0.0] * cfg.vocab_size)
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    reference: dict[str, torch.Tensor] = {}
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue  # llama.cpp writes no output.weight for tied embeddings
+        gguf_name, kind = _gguf_name(name, matrix_type, embed_type, layer_types or {})
+        if gguf_name is None:
+            continue
+        array = tensor.float().numpy()
+        heads = None
+        if name.endswith("q_proj.weight"):
+            heads = cfg.num_attention_heads
+        elif name.endswith("k_proj.weight"):
+            heads = cfg.num_key_value_heads
+        if heads is not None:
+            array = permute(array, heads)
+        qtype = QTYPES[kind if array.ndim == 2 else "f32"]
+        if qtype == GGMLQuantizationType.F16:
+            data = array.astype(np.float16)
+            w.add_tensor(gguf_name, data)
+        elif qtype == GGMLQuantizationType.F32:
+            data = array
+            w.add_tensor(gguf_name, data)
+        else:
+            data = quants.quantize(array, qtype)
+            w.add_tensor(gguf_name, data, raw_dtype=qtype)
+        values = quants.dequantize(data, qtype) if qtype not in (
+            GGMLQuantizationType.F16, GGMLQuantizationType.F32) else data.astype(np.float32)
+        values = values.reshape(array.shape)
+        if heads is not None:  # back to HF's row order
+            values = values.reshape(heads, values.shape[0] // heads // 2, 2, -1).swapaxes(
+                1, 2).reshape(array.shape)
+        reference[name] = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if cfg.tie_word_embeddings:
+        reference["lm_head.weight"] = reference["model.embed_tokens.weight"]
+    return reference
+
+
+def _gguf_name(name: str, matrix: str, embed: str,
+               overrides: dict[str, str]) -> tuple[str | None, str]:
+    if name == "model.embed_tokens.weight":
+        return "token_embd.weight", embed
+    if name == "model.norm.weight":
+        return "output_norm.weight", "f32"
+    if name == "lm_head.weight":
+        return "output.weight", embed
+    parts = name.split(".")
+    if parts[:2] != ["model", "layers"]:
+        return None, ""
+    suffix = ".".join(parts[3:-1])
+    if suffix not in _LAYER:
+        return None, ""
+    return f"blk.{parts[2]}.{_LAYER[suffix]}.{parts[-1]}", overrides.get(suffix, matrix)

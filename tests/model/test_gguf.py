@@ -1,0 +1,116 @@
+"""Serving a GGUF file directly (``paternoster.model.gguf``): a tiny random
+Llama written as llama.cpp's converter writes it (q/k rows permuted, matrices
+quantized by gguf-py), loaded with Q8_0/Q4_0/Q4_1 weights kept quantized; its
+logits against HF transformers' forward on gguf-py's dequantization of the
+same blocks, and its greedy ids against HF ``generate``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paternoster.config import CacheConfig, ModelConfig
+from paternoster.kernels import QuantizedWeight
+from paternoster.model.gguf import hf_name, load_gguf_config
+from paternoster.model.runner import ModelRunner
+
+from .conftest import BatchMaker, Chunk, hf_logits
+from .gguf_writer import write_llama_gguf
+
+BLOCK_SIZE = 8
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+def _hf_llama(seed: int, tied: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(**TINY, tie_word_embeddings=tied, rope_theta=10000.0)
+    return LlamaForCausalLM(cfg).float().eval()
+
+
+def _reference(hf, weights: dict[str, torch.Tensor]):
+    """``hf`` with the file's (dequantized) weights."""
+    hf.load_state_dict(weights, strict=False)
+    return hf
+
+
+def _runner(path, dtype="float32") -> ModelRunner:
+    return ModelRunner(ModelConfig(model=str(path), dtype=dtype),
+                       CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=128))
+
+
+@pytest.mark.parametrize("fmt,tied", [("q8_0", True), ("q4_0", False), ("q4_1", True)])
+def test_quantized_gguf_logits_match_hf_on_dequantized_weights(tmp_path, fmt, tied):
+    hf = _hf_llama(0, tied)
+    path = tmp_path / f"tiny-{fmt}.gguf"
+    weights = write_llama_gguf(hf, path, fmt)
+    runner = _runner(path)
+    qkv = runner.model.layers[0].self_attn.qkv_weight
+    assert isinstance(qkv, QuantizedWeight) and qkv.format == fmt  # kept quantized
+    assert isinstance(runner.model.lm_head, QuantizedWeight)
+    hf = _reference(hf, weights)
+    tokens = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    maker = BatchMaker(128, BLOCK_SIZE)
+    # Two chunks of one prompt: the second reads the first's cached K/V.
+    first = runner.compute_logits(maker.batch([Chunk("a", tokens, 0, 17)]))
+    second = runner.compute_logits(maker.batch([Chunk("a", tokens, 17, 23)]))
+    ours = torch.cat([first, second])
+    ref = hf_logits(hf, tokens)
+    assert (ours - ref).abs().max() < 1e-4
+
+
+def test_greedy_ids_match_hf_generate(tmp_path):
+    from paternoster import LLM, SamplingParams
+
+    hf = _hf_llama(2, True)
+    path = tmp_path / "tiny-q4_1.gguf"
+    hf = _reference(hf, write_llama_gguf(hf, path, "q4_1"))
+    llm = LLM(str(path), dtype="float32", num_threads=1, max_model_len=256)
+    prompt = [5, 17, 99, 3, 42, 8, 61]
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    with torch.inference_mode():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)
+    assert list(out[0].outputs[0].token_ids) == ref[0, len(prompt):].tolist()
+
+
+def test_mixed_formats_in_a_fused_matrix_are_dequantized(tmp_path):
+    """q and k in Q4_1, v in Q8_0 (llama.cpp's mixes do this): the fused qkv
+    matrix is dense, the others stay quantized, logits still match."""
+    hf = _hf_llama(3, True)
+    path = tmp_path / "mixed.gguf"
+    weights = write_llama_gguf(hf, path, "q4_1", layer_types={"self_attn.v_proj": "q8_0"})
+    runner = _runner(path)
+    layer = runner.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_weight, torch.Tensor)
+    assert isinstance(layer.mlp.down_weight, QuantizedWeight)
+    hf = _reference(hf, weights)
+    tokens = list(range(3, 30))
+    ours = runner.compute_logits(BatchMaker(128, BLOCK_SIZE).batch([Chunk("a", tokens, 0, 27)]))
+    assert (ours - hf_logits(hf, tokens)).abs().max() < 1e-4
+
+
+def test_unsupported_types_and_architectures_are_refused(tmp_path):
+    from gguf import GGUFWriter
+
+    hf = _hf_llama(4, True)
+    path = tmp_path / "f16.gguf"
+    write_llama_gguf(hf, path, "f16")  # dense F16 is supported: loads
+    assert _runner(path).model is not None
+    other = tmp_path / "mamba.gguf"
+    w = GGUFWriter(str(other), "mamba")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="not supported; supported: llama, qwen2"):
+        load_gguf_config(other)
+
+
+def test_tensor_names():
+    assert hf_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
+    assert hf_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert hf_name("output.weight") == "lm_head.weight"
+    assert hf_name("rope_freqs.weight") is None
