@@ -73,7 +73,8 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
                          const int32_t* seq_lens, const int32_t* query_start_loc,
                          int64_t num_tokens, int64_t num_seqs, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
-                         int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype);
+                         int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype,
+                         bool batch_invariant);
 
 // Rows (query tokens x heads of one kv group) per work item for prefill: big
 // enough that each K/V block is converted once for many rows (and fills the
@@ -110,10 +111,10 @@ void paged_attention(void* out, const void* query, const void* key_cache,
                      const int32_t* seq_lens, const int32_t* query_start_loc, int64_t num_tokens,
                      int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                      int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
-                     float scale, DType dtype) {
+                     float scale, DType dtype, bool batch_invariant) {
   run_paged_attention(isa().fn, out, query, key_cache, value_cache, block_tables, seq_lens,
                       query_start_loc, num_tokens, num_seqs, num_heads, num_kv_heads, head_size,
-                      num_blocks, block_size, max_blocks_per_seq, scale, dtype);
+                      num_blocks, block_size, max_blocks_per_seq, scale, dtype, batch_invariant);
 }
 
 namespace detail {
@@ -130,12 +131,13 @@ void paged_attention_isa(const char* isa_name, void* out, const void* query,
                          const int32_t* query_start_loc, int64_t num_tokens, int64_t num_seqs,
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                          int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
-                         float scale, DType dtype) {
+                         float scale, DType dtype, bool batch_invariant) {
   for (const Isa& i : available_isas()) {
     if (std::strcmp(i.name, isa_name) == 0) {
       run_paged_attention(i.fn, out, query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, num_tokens, num_seqs, num_heads, num_kv_heads,
-                          head_size, num_blocks, block_size, max_blocks_per_seq, scale, dtype);
+                          head_size, num_blocks, block_size, max_blocks_per_seq, scale, dtype,
+                          batch_invariant);
       return;
     }
   }
@@ -151,7 +153,8 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
                          const int32_t* seq_lens, const int32_t* query_start_loc,
                          int64_t num_tokens, int64_t num_seqs, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
-                         int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype) {
+                         int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype,
+                         bool batch_invariant) {
   dtype_size(dtype);
   if (num_tokens < 0) fail("num_tokens must be >= 0");
   if (num_seqs < 0) fail("num_seqs must be >= 0");
@@ -208,8 +211,9 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
 
   // Work items: per sequence and kv head, tiles of query tokens from the last
   // (longest context) to the first, so the dynamic schedule starts with the
-  // big items. Decodes (few rows) are one tile.
-  const int64_t tile_tokens = std::max<int64_t>(1, kTileRows / group);
+  // big items. Decodes (few rows) are one tile. Batch-invariant: one token a
+  // tile, so every token takes the same path whatever its neighbours.
+  const int64_t tile_tokens = batch_invariant ? 1 : std::max<int64_t>(1, kTileRows / group);
   std::vector<AttnItem> items;
   int64_t max_rows = 1;
   for (int64_t b = 0; b < num_seqs; ++b) {

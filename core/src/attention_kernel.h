@@ -77,7 +77,8 @@ void paged_attention_isa(const char* isa, void* out, const void* query, const vo
                          const int32_t* seq_lens, const int32_t* query_start_loc,
                          int64_t num_tokens, int64_t num_seqs, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
-                         int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype);
+                         int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype,
+                         bool batch_invariant = false);
 
 }  // namespace detail
 }  // namespace paternoster

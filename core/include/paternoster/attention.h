@@ -38,12 +38,17 @@ int64_t dtype_size(DType dtype);
 // non-positive sizes, Hq not a multiple of Hkv, a non-monotonic or
 // out-of-range query_start_loc, seq_lens[b] < q_len, more than
 // max_blocks_per_seq * block_size context, or a block id out of range.
+// batch_invariant: every query token is its own work item, so a row's result
+// (its reduction order over the keys) does not depend on how the step's rows
+// are grouped: the same bits whether the token is decoded, prefilled whole or
+// in chunks, or recomputed after a prefix-cache hit or a preemption (prefill
+// reads each K/V block once per token instead of once per tile: slower).
 void paged_attention(void* out, const void* query, const void* key_cache,
                      const void* value_cache, const int32_t* block_tables,
                      const int32_t* seq_lens, const int32_t* query_start_loc, int64_t num_tokens,
                      int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                      int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
-                     float scale, DType dtype);
+                     float scale, DType dtype, bool batch_invariant = false);
 
 // Copies key[t] / value[t] (each [Hkv, D]) into cache slot slot_mapping[t] for
 // t < num_tokens; a negative slot skips the token. num_slots is

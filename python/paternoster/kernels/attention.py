@@ -43,7 +43,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     query_start_loc: torch.Tensor, scale: float,
                     out: torch.Tensor | None = None, *, max_query_len: int | None = None,
                     max_seq_len: int | None = None,
-                    workspace: torch.Tensor | None = None) -> torch.Tensor:
+                    workspace: torch.Tensor | None = None,
+                    batch_invariant: bool = False) -> torch.Tensor:
     """Causal attention of this step's queries over the paged KV cache.
 
     Query row i of sequence b (``q_len = query_start_loc[b+1] - query_start_loc[b]``)
@@ -80,6 +81,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             default ``max_blocks_per_seq * block_size``.
         workspace: CUDA only: split-K scratch from :func:`alloc_decode_workspace`;
             without it each call allocates one for its batch.
+        batch_invariant: CPU only: every query token its own work item, so
+            its result does not depend on the rest of the step (how a prompt
+            is chunked, what else is batched); slower prefill.
 
     Returns:
         ``out`` (a new ``[T, Hq, D]`` tensor if not given).
@@ -94,7 +98,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     """
     return backend_for(query.device).paged_attention(
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out,
-        max_query_len=max_query_len, max_seq_len=max_seq_len, workspace=workspace)
+        max_query_len=max_query_len, max_seq_len=max_seq_len, workspace=workspace,
+        batch_invariant=batch_invariant)
 
 
 def alloc_decode_workspace(device: torch.device | str, max_num_seqs: int, num_heads: int,

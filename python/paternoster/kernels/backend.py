@@ -42,10 +42,13 @@ class Backend:
         check_indices: check index contents (block ids, lengths, slots)
             before a launch; for kernels whose index tensors are in host
             memory but do not check them themselves (the CUDA emulation).
+        batch_invariant_attention: :meth:`paged_attention` takes
+            ``batch_invariant=True`` (a row's bits independent of the others).
     """
 
     dtypes: Mapping[torch.dtype, Any] = MappingProxyType({})
     check_indices: bool = False
+    batch_invariant_attention: bool = False
 
     # ------------------------------------------------------------ paged attention
 
@@ -68,13 +71,17 @@ class Backend:
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                         out: torch.Tensor | None = None, *, max_query_len: int | None = None,
                         max_seq_len: int | None = None,
-                        workspace: torch.Tensor | None = None) -> torch.Tensor:
+                        workspace: torch.Tensor | None = None,
+                        batch_invariant: bool = False) -> torch.Tensor:
         """Causal attention of ``query`` ``[T, Hq, D]`` over the paged cache
         (see :func:`paternoster.kernels.paged_attention`); returns ``out``.
 
         Raises:
-            ValueError: naming a bad argument.
+            ValueError: naming a bad argument; ``batch_invariant`` on a
+                backend without that mode.
         """
+        if batch_invariant and not self.batch_invariant_attention:
+            raise ValueError(f"{type(self).__name__} has no batch-invariant attention")
         sizes = check_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                 query_start_loc, out, self.dtypes)
         if self.check_indices:
@@ -84,7 +91,7 @@ class Backend:
             out = torch.empty_like(query)
         self._paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
                               query_start_loc, sizes, float(scale), max_query_len, max_seq_len,
-                              workspace)
+                              workspace, batch_invariant)
         return out
 
     def alloc_decode_workspace(self, device: torch.device | str, max_num_seqs: int,
@@ -109,7 +116,7 @@ class Backend:
                          block_tables: torch.Tensor, seq_lens: torch.Tensor,
                          query_start_loc: torch.Tensor, sizes: AttentionSizes, scale: float,
                          max_query_len: int | None, max_seq_len: int | None,
-                         workspace: torch.Tensor | None) -> None:
+                         workspace: torch.Tensor | None, batch_invariant: bool = False) -> None:
         raise NotImplementedError
 
     # ------------------------------------------------------------ linear

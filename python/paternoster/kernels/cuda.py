@@ -124,7 +124,7 @@ class CudaBackend(Backend):
                          block_tables: torch.Tensor, seq_lens: torch.Tensor,
                          query_start_loc: torch.Tensor, sizes: AttentionSizes, scale: float,
                          max_query_len: int | None, max_seq_len: int | None,
-                         workspace: torch.Tensor | None) -> None:
+                         workspace: torch.Tensor | None, batch_invariant: bool = False) -> None:
         """Launch the decode and prefill kernels. Without ``workspace``, one
         sized for this batch comes from torch's caching allocator (inside a
         graph capture, from the graph's pool)."""

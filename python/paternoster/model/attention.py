@@ -64,6 +64,8 @@ class AttentionMetadata:
             device tensors without a sync; None keeps the CPU call unchanged.
         max_seq_len: host-side upper bound of ``seq_lens`` (CUDA), or None.
         workspace: the decode kernel's split-K scratch (CUDA), or None.
+        batch_invariant: ask the kernels for per-token results independent
+            of the rest of the step (CPU).
     """
 
     slot_mapping: torch.Tensor
@@ -73,6 +75,7 @@ class AttentionMetadata:
     max_query_len: int | None = None
     max_seq_len: int | None = None
     workspace: torch.Tensor | None = None
+    batch_invariant: bool = False
 
 
 def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -92,6 +95,10 @@ def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v
     key_cache, value_cache = kv_cache
     ops.reshape_and_cache(k.contiguous(), v.contiguous(), key_cache, value_cache,
                           attn.slot_mapping)
+    if attn.batch_invariant:
+        return ops.paged_attention(q.contiguous(), key_cache, value_cache, attn.block_tables,
+                                   attn.seq_lens, attn.query_start_loc, scale,
+                                   batch_invariant=True)
     if attn.max_query_len is None:
         return ops.paged_attention(q.contiguous(), key_cache, value_cache, attn.block_tables,
                                    attn.seq_lens, attn.query_start_loc, scale)

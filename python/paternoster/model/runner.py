@@ -215,6 +215,7 @@ class ModelRunner:
             block_tables=t["block_tables"],
             seq_lens=t["seq_lens"],
             query_start_loc=t["query_start_loc"],
+            batch_invariant=self.model.batch_invariant,
         )
         hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
         return self.model.compute_logits(hidden[t["logits_indices"]])
