@@ -1,0 +1,208 @@
+"""Loading checkpoint tensors into the Llama-family model's fused parameters
+(:class:`~paternoster.model.llama.LlamaForCausalLM` inherits this): HF names
+mapped onto the fused q/k/v and gate/up matrices, shape checks, the tied LM
+head, and GGUF-quantized weights kept quantized
+(:class:`~paternoster.kernels.QuantizedWeight`) or dequantized where their
+parts cannot be stacked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from paternoster.kernels import QuantizedWeight
+from paternoster.kernels.quant import cat_rows
+
+Weight = torch.Tensor | QuantizedWeight
+
+logger = logging.getLogger(__name__)
+
+
+class LlamaWeights:
+    """The weight-loading half of the Llama-family model; expects ``config``,
+    ``dtype``, ``layers``, ``norm``, ``embed_tokens`` and ``lm_head`` on the
+    model (see :class:`~paternoster.model.llama.LlamaForCausalLM`)."""
+
+    def _targets(self, name: str) -> tuple[nn.Module, str, int, int] | None:
+        """Map an HF tensor name to (module, attribute, first row, row count) or None."""
+        if name == "model.embed_tokens.weight":
+            return self, "embed_tokens", 0, self.config.vocab_size
+        if name == "model.norm.weight":
+            return self.norm, "weight", 0, self.config.hidden_size
+        if not name.startswith("model.layers."):
+            return None
+        index, _, rest = name[len("model.layers."):].partition(".")
+        if not index.isdigit() or int(index) >= len(self.layers):
+            return None
+        layer = self.layers[int(index)]
+        attn, mlp = layer.self_attn, layer.mlp
+        q, kv, h = attn.q_size, attn.kv_size, self.config.hidden_size
+        table = {
+            "self_attn.q_proj.weight": (attn, "qkv_weight", 0, q),
+            "self_attn.k_proj.weight": (attn, "qkv_weight", q, kv),
+            "self_attn.v_proj.weight": (attn, "qkv_weight", q + kv, kv),
+            "self_attn.q_proj.bias": (attn, "qkv_bias", 0, q),
+            "self_attn.k_proj.bias": (attn, "qkv_bias", q, kv),
+            "self_attn.v_proj.bias": (attn, "qkv_bias", q + kv, kv),
+            "self_attn.o_proj.weight": (attn, "o_weight", 0, h),
+            "self_attn.o_proj.bias": (attn, "o_bias", 0, h),
+            "mlp.gate_proj.weight": (mlp, "gate_up_weight", 0, mlp.inter),
+            "mlp.up_proj.weight": (mlp, "gate_up_weight", mlp.inter, mlp.inter),
+            "mlp.gate_proj.bias": (mlp, "gate_up_bias", 0, mlp.inter),
+            "mlp.up_proj.bias": (mlp, "gate_up_bias", mlp.inter, mlp.inter),
+            "mlp.down_proj.weight": (mlp, "down_weight", 0, h),
+            "mlp.down_proj.bias": (mlp, "down_bias", 0, h),
+            "input_layernorm.weight": (layer.input_layernorm, "weight", 0, h),
+            "post_attention_layernorm.weight": (layer.post_attention_layernorm, "weight", 0, h),
+        }
+        target = table.get(rest)
+        if target is None or getattr(target[0], target[1]) is None:
+            return None
+        return target
+
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> list[str]:
+        """Copy HF-named tensors into the (fused) parameters, casting to the model dtype.
+
+        Quantized weights (:class:`~paternoster.kernels.QuantizedWeight`, e.g.
+        from a GGUF file) stay quantized: a matrix loaded whole replaces its
+        parameter, and the parts of a fused one (q/k/v, gate/up) are stacked
+        when they share one format, else dequantized into the dense parameter.
+
+        Args:
+            weights: (name, tensor) pairs as in an HF ``LlamaForCausalLM``/
+                ``Qwen2ForCausalLM`` state dict.
+        Returns:
+            Names that were not used (e.g. ``rotary_emb.inv_freq``).
+        Raises:
+            ValueError: a tensor has the wrong shape, or a parameter row range
+                was never written (missing weight). ``lm_head.weight`` is
+                optional: without it (or with ``tie_word_embeddings``) the LM
+                head is the embedding matrix.
+        """
+        tied = bool(getattr(self.config, "tie_word_embeddings", False))
+        loaded: set[str] = set()
+        unused: list[str] = []
+        lm_head: Weight | None = None
+        parts: dict[tuple[int, str], dict[int, tuple[str, QuantizedWeight]]] = {}
+        owners: dict[tuple[int, str], nn.Module] = {}
+        for name, tensor in weights:
+            if name == "lm_head.weight":
+                if not tied:
+                    lm_head = self._lm_head_from(name, tensor)
+                continue
+            target = self._targets(name)
+            if target is None:
+                unused.append(name)
+                continue
+            owner, attr, start, rows = target
+            param = getattr(owner, attr)
+            if isinstance(tensor, QuantizedWeight):
+                _check_shape(name, tensor.shape, (rows, *param.shape[1:]))
+                if rows == param.shape[0]:
+                    _replace(owner, attr, tensor)
+                else:
+                    key = (id(owner), attr)
+                    owners[key] = owner
+                    parts.setdefault(key, {})[start] = (name, tensor)
+            else:
+                _copy_rows(name, param, start, rows, tensor)
+            loaded.add(name)
+        for key, pieces in parts.items():
+            self._stack_quantized(owners[key], key[1], pieces)
+        _replace(self, "lm_head", lm_head if lm_head is not None else self.embed_tokens)
+        missing = self._missing(loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {missing[:8]}"
+                             + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+        return unused
+
+    def _lm_head_from(self, name: str, tensor: Weight) -> Weight:
+        shape = (self.config.vocab_size, self.config.hidden_size)
+        if isinstance(tensor, QuantizedWeight):
+            _check_shape(name, tensor.shape, shape)
+            return tensor
+        lm_head = nn.Parameter(torch.empty(*shape, dtype=self.dtype,
+                                           device=self.norm.weight.device), requires_grad=False)
+        _copy_rows(name, lm_head, 0, shape[0], tensor)
+        return lm_head
+
+    def _stack_quantized(self, owner: nn.Module, attr: str,
+                         pieces: dict[int, tuple[str, QuantizedWeight]]) -> None:
+        """Fused parameter from quantized parts: stacked if one format covers
+        every row, else each part dequantized into the dense parameter."""
+        param = getattr(owner, attr)
+        ordered = [pieces[s] for s in sorted(pieces)]
+        weights = [w for _, w in ordered]
+        rows = sum(w.shape[0] for w in weights)
+        if rows == param.shape[0] and len({w.format for w in weights}) == 1:
+            _replace(owner, attr, cat_rows(weights))
+            return
+        logger.info("%s: parts in formats %s dequantized to %s", attr,
+                    sorted({w.format for w in weights}), self.dtype)
+        for start in sorted(pieces):
+            name, w = pieces[start]
+            _copy_rows(name, param, start, w.shape[0], w.dequantize(self.dtype))
+
+    def dequantize_weights(self) -> int:
+        """Replace every quantized weight by a dense parameter in the model
+        dtype (for devices without quantized kernels); returns how many."""
+        count = 0
+        for module in self.modules():
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, QuantizedWeight):
+                    delattr(module, attr)
+                    setattr(module, attr, nn.Parameter(value.dequantize(self.dtype),
+                                                       requires_grad=False))
+                    count += 1
+        if getattr(self.config, "tie_word_embeddings", False) or self.lm_head is None:
+            _replace(self, "lm_head", self.embed_tokens)
+        return count
+
+    def quantized_weights(self) -> list[QuantizedWeight]:
+        """The weights kept quantized (each once, the tied LM head included once)."""
+        found: dict[int, QuantizedWeight] = {}
+        for module in self.modules():
+            for value in vars(module).values():
+                if isinstance(value, QuantizedWeight):
+                    found[id(value)] = value
+        return list(found.values())
+
+    def _missing(self, loaded: set[str]) -> list[str]:
+        names = ["model.embed_tokens.weight", "model.norm.weight"]
+        for i, layer in enumerate(self.layers):
+            for rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                         "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                         "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+                         "input_layernorm.weight", "post_attention_layernorm.weight"):
+                names.append(f"model.layers.{i}.{rest}")
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn.qkv_bias is not None:
+                names += [f"model.layers.{i}.self_attn.{p}_proj.bias" for p in "qkv"]
+            if attn.o_bias is not None:
+                names.append(f"model.layers.{i}.self_attn.o_proj.bias")
+            if mlp.gate_up_bias is not None:
+                names += [f"model.layers.{i}.mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
+        return [name for name in names if name not in loaded]
+
+
+def _copy_rows(name: str, param: torch.Tensor, start: int, rows: int,
+               tensor: torch.Tensor) -> None:
+    _check_shape(name, tensor.shape, (rows, *param.shape[1:]))
+    param.data[start : start + rows].copy_(tensor)
+
+
+def _check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    if tuple(shape) != tuple(expected):
+        raise ValueError(f"weight {name} has shape {tuple(shape)}, expected {tuple(expected)}")
+
+
+def _replace(owner: nn.Module, attr: str, weight: Weight) -> None:
+    """Set a weight attribute: a parameter stays registered as one, a
+    quantized weight replaces the parameter by a plain attribute."""
+    if attr in owner._parameters and not isinstance(weight, nn.Parameter):
+        delattr(owner, attr)
+    setattr(owner, attr, weight)
