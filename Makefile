@@ -4,6 +4,7 @@
 #   make serve MODEL=dir  serve a local HF model directory
 #   make test             build the C++ core, run ctest, ruff and pytest
 #   make bench            offline throughput vs HF transformers (docs/benchmarks.md)
+#   make peers            Paternoster vs llama.cpp on this CPU (builds llama.cpp; long; not in test)
 #   make compat-tools     GuideLLM in build/compat for tests/entrypoints/test_guidellm.py
 
 PYTHON ?= python3
@@ -21,7 +22,7 @@ CORE_SOURCES := CMakeLists.txt pyproject.toml $(shell find core cuda cmake -type
 GUIDELLM_VERSION ?= 0.8.1
 COMPAT_VENV ?= build/compat
 
-.PHONY: install serve test test-cpp test-py lint bench clean compat-tools
+.PHONY: install serve test test-cpp test-py lint bench peers clean compat-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +76,12 @@ $(COMPAT_VENV)/bin/guidellm:
 
 bench: install
 	$(BIN)/python bench/offline.py
+
+# llama.cpp (from llama-cpp-python's sdist, built once into build/peers) side by side
+# with Paternoster: decode tok/s and serving capacity. PEERS_ARGS: more `peers.py all` flags.
+PEERS_ARGS ?=
+peers: install
+	$(BIN)/python bench/peers.py all $(PEERS_ARGS)
 
 clean:
 	rm -rf build $(VENV)/.installed

@@ -201,11 +201,13 @@ def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
     added to one :class:`EngineCore`; steps run until every request is past its
     prefill; then ``--decode-warmup`` decode steps are skipped and the next
     ``--decode-steps`` timed (each computes one token for all ``B``); the rest
-    are aborted.
+    are aborted. One short request runs first, untimed (first-call costs).
 
     Returns:
         Per batch: ``batch``, ``tokens_per_s``, ``step_ms`` (median),
-        ``context_tokens`` (mean context at the timed steps), ``steps``.
+        ``context_tokens`` (mean context at the timed steps), ``steps``, and
+        ``prefill_tokens_per_s``: ``B`` x prompt tokens / the wall time of the
+        steps until every request had its first token.
     Raises:
         RuntimeError: the engine ran out of work before enough decode steps.
     """
@@ -225,6 +227,8 @@ def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
     plen = args.decode_prompt_len
     params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN - plen, ignore_eos=True)
     need = args.decode_warmup + args.decode_steps
+    warm = [gen.randrange(3, vocab) for _ in range(plen)]
+    llm.generate([warm], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     rows = []
     for b in batches:
         counts: dict[str, int] = {}
@@ -234,6 +238,7 @@ def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
             engine.add_request(EngineCoreRequest(rid, prompt, params))
             counts[rid] = 0
         times: list[float] = []
+        prefill_s = 0.0
         while len(times) < need:
             if not engine.has_unfinished_requests():
                 raise RuntimeError(f"batch {b}: only {len(times)} decode steps")
@@ -241,6 +246,8 @@ def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
             t = time.perf_counter()
             outputs = engine.step()
             dt = time.perf_counter() - t
+            if not decoding:
+                prefill_s += dt
             for o in outputs:
                 counts[o.request_id] += len(o.new_token_ids)
             if decoding and sum(len(o.new_token_ids) for o in outputs) == b:
@@ -254,6 +261,7 @@ def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
             "step_ms": 1e3 * sorted(timed)[len(timed) // 2],
             "context_tokens": context,
             "steps": len(timed),
+            "prefill_tokens_per_s": b * plen / prefill_s,
         })  # fmt: skip
         print(f"decode batch {b}: {rows[-1]['tokens_per_s']:.1f} tok/s")
     return rows
