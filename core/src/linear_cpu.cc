@@ -29,7 +29,20 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
 // Work items per thread, so the dynamic schedule evens out.
 constexpr int64_t kItemsPerThread = 4;
 
+// The avx512 variant plus bfloat16 dot products, where the CPU has them.
+bool cpu_has_avx512_bf16() {
+#if defined(PATERNOSTER_HAVE_AVX512_BF16)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 const detail::LinearKernels* compiled_kernels(const std::string& isa) {
+#if defined(PATERNOSTER_HAVE_AVX512_BF16)
+  if (isa == "avx512bf16" && cpu_has_avx512_bf16()) return &detail::avx512bf16::kLinearKernels;
+#endif
 #if defined(PATERNOSTER_HAVE_AVX512)
   if (isa == "avx512") return &detail::avx512::kLinearKernels;
 #endif
@@ -40,17 +53,34 @@ const detail::LinearKernels* compiled_kernels(const std::string& isa) {
   return nullptr;
 }
 
+// Variant names this build and CPU can run, best first: "avx512bf16" ahead
+// of the attention kernel's variants when the CPU has AVX-512 BF16.
+std::vector<std::string> linear_isas() {
+  std::vector<std::string> names;
+  const std::vector<std::string> attention = detail::available_attention_isas();
+  const bool avx512 = std::find(attention.begin(), attention.end(), "avx512") != attention.end();
+  if (avx512 && compiled_kernels("avx512bf16")) names.emplace_back("avx512bf16");
+  for (const std::string& n : attention) {
+    if (compiled_kernels(n)) names.push_back(n);
+  }
+  return names;
+}
+
 const detail::LinearKernels& kernels_for(const std::string& isa) {
-  for (const std::string& name : detail::available_attention_isas()) {
-    if (name == isa) {
-      if (const detail::LinearKernels* k = compiled_kernels(isa)) return *k;
-    }
+  for (const std::string& name : linear_isas()) {
+    if (name == isa) return *compiled_kernels(isa);
   }
   fail("linear ISA variant not available: " + isa);
 }
 
+// The attention kernel's variant ($PATERNOSTER_CPU_ISA applies), upgraded to
+// avx512bf16 where the CPU has it and the attention kernel runs avx512.
 const detail::LinearKernels& default_kernels() {
-  static const detail::LinearKernels& chosen = kernels_for(attention_isa());
+  static const detail::LinearKernels& chosen = [] () -> const detail::LinearKernels& {
+    const std::string isa = attention_isa();
+    if (isa == "avx512" && compiled_kernels("avx512bf16")) return kernels_for("avx512bf16");
+    return kernels_for(isa);
+  }();
   return chosen;
 }
 
@@ -82,8 +112,11 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
   if (!out || !x || !weight) fail("out, x and weight must not be null");
 
   thread_local std::vector<float> x_buf, bias_buf;
+  // bfloat16 x into bfloat16 dot products as is (float32 weights excepted).
+  const bool dot = k.bf16_dot && x_dtype == DType::kBFloat16 && format != WeightFormat::kFloat32;
   detail::LinearArgs args{out, out_dtype,
-                          as_float(x, x_dtype, num_tokens * in_features, x_buf),
+                          dot ? nullptr : as_float(x, x_dtype, num_tokens * in_features, x_buf),
+                          dot ? static_cast<const uint16_t*>(x) : nullptr,
                           static_cast<const uint8_t*>(weight), format, row_bytes,
                           bias ? as_float(bias, x_dtype, out_features, bias_buf) : nullptr,
                           num_tokens, out_features, in_features};
@@ -98,8 +131,8 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
   const int64_t col_chunks = std::max<int64_t>(1, std::min(tiles, want / token_blocks));
   const int64_t items = token_blocks * col_chunks;
   auto item = [&](int64_t i) {
-    thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(detail::kLinearNR * in_features));
+    thread_local std::vector<float> scratch;  // kLinearNR rows (bf16 rows padded to 32)
+    scratch.resize(static_cast<size_t>(detail::kLinearNR * (in_features + 32)));
     const int64_t tb = i / col_chunks, c = i % col_chunks;
     const int64_t m0 = tb * kTokenBlock, m1 = std::min(num_tokens, m0 + kTokenBlock);
     const int64_t n0 = tiles * c / col_chunks * detail::kLinearNR;
@@ -158,13 +191,7 @@ void dequantize_rows(float* out, const void* weight, WeightFormat format, int64_
   }
 }
 
-std::vector<std::string> available_linear_isas() {
-  std::vector<std::string> names;
-  for (const std::string& n : detail::available_attention_isas()) {
-    if (compiled_kernels(n)) names.push_back(n);
-  }
-  return names;
-}
+std::vector<std::string> available_linear_isas() { return linear_isas(); }
 
 const char* linear_isa() { return default_kernels().isa; }
 

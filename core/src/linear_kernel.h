@@ -15,7 +15,8 @@ namespace detail {
 struct LinearArgs {
   void* out;            // [M, N] in out_dtype
   DType out_dtype;
-  const float* x;       // [M, K]
+  const float* x;       // [M, K] float32 (null when x_bf16 is used)
+  const uint16_t* x_bf16;  // [M, K] bfloat16, for kernels with bf16_dot; else null
   const uint8_t* weight;
   WeightFormat format;
   int64_t row_bytes;    // bytes per weight row
@@ -33,11 +34,15 @@ struct LinearKernels {
                float* scratch);
   // One weight row of K values in `format` -> float32 (dense formats too).
   void (*dequantize_row)(const uint8_t* row, WeightFormat format, int64_t K, float* out);
+  // Takes bfloat16 x as is (x_bf16) and multiplies with bfloat16 dot products
+  // (AVX-512 BF16): weights rounded to bfloat16, products exact, float32 sums.
+  bool bf16_dot;
 };
 
 namespace baseline { extern const LinearKernels kLinearKernels; }
 namespace avx2 { extern const LinearKernels kLinearKernels; }
 namespace avx512 { extern const LinearKernels kLinearKernels; }
+namespace avx512bf16 { extern const LinearKernels kLinearKernels; }
 
 }  // namespace detail
 }  // namespace paternoster

@@ -38,7 +38,7 @@ WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4
 #: (oneDNN), faster there than the core's kernel, unless batch invariance is
 #: asked for. Measured with bench/linear.py on the 2-core AVX-512 EPYC
 #: (docs/benchmarks.md, "Linear layers").
-DENSE_CORE_MAX_TOKENS = 16
+DENSE_CORE_MAX_TOKENS = 4
 
 set_num_threads = _core.set_num_threads
 get_num_threads = _core.get_num_threads
