@@ -149,9 +149,14 @@ TEST_P(LinearTest, MatchesDoubleReference) {
                          c.format, bp, m, n, c.k);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
+          // The bfloat16 dot-product variant rounds weights to bfloat16 first.
+          const bool bf16_weights = isa == "avx512bf16" && xd == DType::kBFloat16 &&
+                                    c.format != WeightFormat::kFloat32;
           double ref = bias[static_cast<size_t>(j)], mag = std::fabs(ref);
           for (int64_t t = 0; t < c.k; ++t) {
-            const double p = x[static_cast<size_t>(i * c.k + t)] * w.at(j, t);
+            const double wv = bf16_weights ? from_bf16(to_bf16(static_cast<float>(w.at(j, t))))
+                                           : w.at(j, t);
+            const double p = x[static_cast<size_t>(i * c.k + t)] * wv;
             ref += p;
             mag += std::fabs(p);
           }
