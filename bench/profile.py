@@ -36,58 +36,55 @@ KERNEL_OPS = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embeddin
               "paged_attention", "reshape_and_cache", "linear")
 
 
-def memory_bandwidth(threads: int, size_mb: int = 512, repeats: int = 5) -> float:
-    """Bytes per second of a large copy (STREAM "copy": read + write counted).
+def memory_bandwidth(threads: int, size_mb: int = 512,
+                     repeats: int = 5) -> tuple[float, float]:
+    """Bytes per second of a large copy (STREAM "copy": read + write counted)
+    and of a large read (a sum: what a decode step does with its weights).
 
     Args:
-        threads: torch threads for the copy.
+        threads: torch threads.
         size_mb: array size in MiB (far above the last-level cache).
-        repeats: copies timed; the fastest counts (as STREAM reports).
+        repeats: runs timed; the fastest counts (as STREAM reports).
     Returns:
-        Best bytes/s, counting the bytes read and the bytes written.
+        (copy bytes/s counting reads and writes, read bytes/s).
     """
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         src = torch.ones(size_mb << 18, dtype=torch.float32)
         dst = torch.empty_like(src)
-        dst.copy_(src)
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            dst.copy_(src)
-            best = min(best, time.perf_counter() - t)
-        return 2 * src.numel() * 4 / best
+        nbytes = src.numel() * 4
+        copy = _best(lambda: dst.copy_(src), repeats)
+        read = _best(lambda: src.sum(), repeats)
+        return 2 * nbytes / copy, nbytes / read
     finally:
         torch.set_num_threads(old)
 
 
+def _best(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the parameters a decode step reads (every matrix once; the
-    embedding only for the LM head when it is tied, and a few rows otherwise)."""
+    """Bytes of the weights a decode step reads: every matrix once, dense or
+    quantized (the embedding table only as the tied LM head; an untied
+    table's few looked-up rows are left out)."""
+    tables = {id(model.embed_tokens)} - {id(model.lm_head)}
     seen: set[int] = set()
     total = 0
-    for name, p in list(model.named_parameters()) + list(_extra_weights(model)):
-        if id(p) in seen or name.endswith("embed_tokens") and not _tied(model):
+    weights = [p for _, p in model.named_parameters()] + model.quantized_weights()
+    for w in weights:
+        if id(w) in seen or id(w) in tables:
             continue
-        seen.add(id(p))
-        total += _nbytes(p)
+        seen.add(id(w))
+        total += w.nbytes if hasattr(w, "format") else w.numel() * w.element_size()
     return total
-
-
-def _extra_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, buf in model.named_buffers():
-        if buf.dtype == torch.uint8:  # packed quantized weights
-            yield name, buf
-
-
-def _tied(model) -> bool:
-    return getattr(model, "lm_head", None) is getattr(model, "embed_tokens", None)
-
-
-def _nbytes(t) -> int:
-    nbytes = getattr(t, "nbytes", None)
-    return int(nbytes) if nbytes is not None else t.numel() * t.element_size()
 
 
 @contextlib.contextmanager
@@ -217,13 +214,14 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
         kwargs["quantization"] = args.quantization
     llm = LLM(args.model, **kwargs) if args.model else LLM(**kwargs)
     engine = llm.engine
-    bandwidth = memory_bandwidth(args.threads)
+    copy_bw, bandwidth = memory_bandwidth(args.threads)
     model = engine.runner.model
     wbytes = weight_bytes(model)
     kv_per_token = (2 * engine.runner.num_layers * engine.runner.num_kv_heads
                     * engine.runner.head_dim * engine.runner.dtype.itemsize)
     print(f"{machine_info()}")
-    print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s ({args.threads} threads); "
+    print(f"memory bandwidth ({args.threads} threads): copy {copy_bw / 1e9:.1f} GB/s, "
+          f"read {bandwidth / 1e9:.1f} GB/s (the limit uses read); "
           f"weights read per step {wbytes / 1e6:.1f} MB; KV {kv_per_token} B/token")
     rng = random.Random(args.seed)
     for b in batches:

@@ -277,6 +277,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
         "Threads used by the CPU attention kernels and fused ops (>= 1; default 1).");
   m.def("get_num_threads", &get_num_threads);
+  m.def("set_spin_micros", &set_spin_micros, py::arg("micros"),
+        "How long the kernel threads poll for the next call before sleeping (microseconds).");
+  m.def("get_spin_micros", &get_spin_micros, "The kernel threads' polling time (microseconds).");
   m.def("attention_isa", &attention_isa, "SIMD variant of the attention kernel in use.");
 
   m.def(

@@ -25,7 +25,7 @@ constexpr int64_t kTokenBlock = 64;
 // Below this many multiply-adds a call runs on the calling thread alone
 // (waking a worker costs tens of microseconds; a 1M-MAC bfloat16 GEMV reads
 // 2 MB of weights, ~40 us on one core of the 2-core EPYC this was tuned on).
-constexpr int64_t kMinParallelMacs = int64_t{1} << 20;
+constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 // Work items per thread, so the dynamic schedule evens out.
 constexpr int64_t kItemsPerThread = 4;
 

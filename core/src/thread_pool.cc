@@ -1,5 +1,8 @@
 #include "paternoster/thread_pool.h"
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -9,7 +12,48 @@ namespace paternoster {
 
 namespace {
 long current_pid() { return static_cast<long>(::getpid()); }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Polls `ready` for up to ThreadPool::spin_micros(); true once it holds.
+template <typename Ready>
+bool spin_until(const Ready& ready) {
+  const int micros = ThreadPool::spin_micros();
+  if (micros <= 0) return ready();
+  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
+  for (int i = 0;; ++i) {
+    if (ready()) return true;
+    cpu_relax();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > end) return ready();
+  }
+}
 }  // namespace
+
+namespace {
+int initial_spin_micros() {
+  const char* env = std::getenv("PATERNOSTER_SPIN_US");
+  if (!env || !*env) return ThreadPool::kDefaultSpinMicros;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  return (*end == '\0' && v >= 0 && v <= 1000000) ? static_cast<int>(v)
+                                                  : ThreadPool::kDefaultSpinMicros;
+}
+std::atomic<int> g_spin_micros{initial_spin_micros()};
+}  // namespace
+
+int ThreadPool::spin_micros() { return g_spin_micros.load(std::memory_order_relaxed); }
+
+void ThreadPool::set_spin_micros(int micros) {
+  if (micros < 0) throw std::invalid_argument("spin micros must be >= 0");
+  g_spin_micros.store(micros, std::memory_order_relaxed);
+}
+
+void set_spin_micros(int micros) { ThreadPool::set_spin_micros(micros); }
+int get_spin_micros() { return ThreadPool::spin_micros(); }
 
 ThreadPool::ThreadPool(int num_threads)
     : num_threads_(1), owner_pid_(current_pid()), shared_(new Shared) {
@@ -81,6 +125,7 @@ void ThreadPool::worker_loop(Shared* sh) {
   for (;;) {
     const std::function<void(int64_t)>* fn = nullptr;
     int64_t n = 0;
+    spin_until([&] { return sh->posted.load(std::memory_order_acquire) != seen; });
     {
       std::unique_lock<std::mutex> lk(sh->mu);
       sh->wake.wait(lk, [&] { return sh->stopping || sh->generation != seen; });
@@ -88,13 +133,15 @@ void ThreadPool::worker_loop(Shared* sh) {
       seen = sh->generation;
       if (!sh->job_open) continue;  // woke too late: the caller finished alone
       ++sh->active;
+      sh->running.store(sh->active, std::memory_order_release);
       fn = sh->fn;
       n = sh->num_items;
     }
     run_items(sh, *fn, n);
     {
       std::lock_guard<std::mutex> lk(sh->mu);
-      if (--sh->active == 0) sh->idle.notify_one();
+      sh->running.store(--sh->active, std::memory_order_release);
+      if (sh->active == 0) sh->idle.notify_one();
     }
   }
 }
@@ -123,10 +170,12 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
     sh->error = nullptr;
     sh->job_open = true;
     ++sh->generation;
+    sh->posted.store(sh->generation, std::memory_order_release);
   }
   sh->wake.notify_all();
   run_items(sh, fn, n);
   std::exception_ptr err;
+  spin_until([&] { return sh->running.load(std::memory_order_acquire) == 0; });
   {
     // Every item is claimed; wait for the workers still running one.
     std::unique_lock<std::mutex> lk(sh->mu);

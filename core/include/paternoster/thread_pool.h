@@ -5,8 +5,10 @@
 // atomic counter, so uneven items balance dynamically; the calling thread works
 // too, so a pool of n threads starts n - 1 workers. The caller never waits for
 // a worker that has not woken up yet: it returns once every item is done and
-// no worker is inside the job. Workers sleep on a condition variable between
-// jobs (no spinning that would steal a core from torch). One parallel_for runs
+// no worker is inside the job. Between jobs a worker spins for kSpinMicros
+// (a decode step's kernels come tens of microseconds apart: a futex wake-up
+// per call cost more than the small matrices it split) and then sleeps on a
+// condition variable, so an idle pool does not steal a core from torch. One parallel_for runs
 // at a time (concurrent callers queue on a mutex). After fork() the child
 // rebuilds its workers on first use.
 #pragma once
@@ -25,6 +27,15 @@ namespace paternoster {
 
 class ThreadPool {
  public:
+  // How long a worker (and a caller waiting for workers) polls before it
+  // blocks, in microseconds (0: never spins). Process-wide; starts at
+  // $PATERNOSTER_SPIN_US if set, else kDefaultSpinMicros. A host sets it per
+  // step: long when the step's work is all in these kernels (back-to-back
+  // calls), short when torch's own threads need the cores in between.
+  static constexpr int kDefaultSpinMicros = 30;
+  static int spin_micros();
+  static void set_spin_micros(int micros);  // std::invalid_argument if < 0
+
   explicit ThreadPool(int num_threads = 1);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -51,6 +62,8 @@ class ThreadPool {
     std::condition_variable idle;
     bool stopping = false;
     uint64_t generation = 0;  // bumped for every job
+    std::atomic<uint64_t> posted{0};  // = generation, read without the lock (spinning)
+    std::atomic<int> running{0};      // = active, read without the lock (spinning)
     bool job_open = false;    // the current job may still have items
     int active = 0;           // workers inside the current job
     const std::function<void(int64_t)>* fn = nullptr;
@@ -77,5 +90,8 @@ ThreadPool& default_thread_pool();
 // Sets / reads default_thread_pool()'s thread count (default 1).
 void set_num_threads(int n);
 int get_num_threads();
+// ThreadPool::set_spin_micros / spin_micros.
+void set_spin_micros(int micros);
+int get_spin_micros();
 
 }  // namespace paternoster

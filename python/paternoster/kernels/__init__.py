@@ -40,7 +40,14 @@ from paternoster.kernels.attention import (
     reshape_and_cache,
 )
 from paternoster.kernels.backend import Backend, NativeBackend
-from paternoster.kernels.cpu import CpuBackend, get_num_threads, set_num_threads
+from paternoster.kernels.cpu import (
+    DENSE_CORE_MAX_TOKENS,
+    CpuBackend,
+    get_num_threads,
+    get_spin_micros,
+    set_num_threads,
+    set_spin_micros,
+)
 from paternoster.kernels.cuda import CudaBackend
 from paternoster.kernels.dispatch import backend_for, cuda_kernels_available
 from paternoster.kernels.elementwise import (
@@ -66,12 +73,15 @@ __all__ = [
     "cuda_kernels_available",
     "emulated_cuda_backend",
     "fused_add_rms_norm",
+    "DENSE_CORE_MAX_TOKENS",
     "get_num_threads",
+    "get_spin_micros",
     "linear",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
     "set_num_threads",
+    "set_spin_micros",
     "silu_and_mul",
 ]

@@ -42,6 +42,8 @@ DENSE_CORE_MAX_TOKENS = 4
 
 set_num_threads = _core.set_num_threads
 get_num_threads = _core.get_num_threads
+set_spin_micros = _core.set_spin_micros
+get_spin_micros = _core.get_spin_micros
 
 
 class CpuBackend(Backend):

@@ -24,6 +24,15 @@ from paternoster.model.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 
+#: How long the core's kernel threads poll between calls (microseconds) in a
+#: step whose matrix multiplies all run in the core (small decode batches,
+#: quantized weights, batch-invariant mode: kernels back to back, a futex
+#: wake-up per call would cost more than the split gains), and in other steps
+#: (torch's GEMM threads need the cores between the core's kernels). Measured
+#: with bench/offline.py --decode-batches (docs/benchmarks.md, "CPU decode").
+CORE_STEP_SPIN_US = 100
+TORCH_STEP_SPIN_US = 30
+
 _BATCH_DTYPES = {
     "input_ids": np.int64,
     "positions": np.int64,
@@ -101,6 +110,8 @@ class ModelRunner:
         self.graphs = None  # CUDA decode graphs
         self._kernel_hints = False  # pass max_query_len/max_seq_len/workspace to the ops
         self.sampler = Sampler()
+        self._spin = -1  # kernel threads' polling time last set (_set_spin)
+        self._quantized: bool | None = None  # the model keeps quantized weights
         ops = attn_ops if attn_ops is not None else default_attention_ops()
         if self.device.type == "cuda":
             self._init_cuda(model_config, cache_config, ops, attn_ops is None, max_num_seqs,
@@ -208,6 +219,8 @@ class ModelRunner:
         if self.device.type == "cuda":
             return self._execute_cuda(batch)
         t = {name: _tensor(batch[name], dt) for name, dt in _BATCH_DTYPES.items()}
+        if self.device.type == "cpu":
+            self._set_spin(len(t["input_ids"]))
         if self.device.type != "cpu":
             t = {name: x.to(self.device, non_blocking=True) for name, x in t.items()}
         attn = AttentionMetadata(
@@ -219,6 +232,19 @@ class ModelRunner:
         )
         hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
         return self.model.compute_logits(hidden[t["logits_indices"]])
+
+    def _set_spin(self, num_tokens: int) -> None:
+        """Pick the kernel threads' polling time for a step of ``num_tokens``."""
+        from paternoster import kernels
+
+        if self._quantized is None:
+            self._quantized = bool(self.model.quantized_weights())
+        core_only = (num_tokens <= kernels.DENSE_CORE_MAX_TOKENS or self.model.batch_invariant
+                     or self._quantized)
+        spin = CORE_STEP_SPIN_US if core_only else TORCH_STEP_SPIN_US
+        if spin != self._spin:
+            kernels.set_spin_micros(spin)
+            self._spin = spin
 
     # ------------------------------------------------------------------ CUDA
 
