@@ -6,8 +6,9 @@ One pass multiplies a batch by every weight matrix of SmolLM2-135M's 30
 layers (q/k/v, o, gate/up, down; each layer its own matrices, so the weights
 stream from memory as in a real forward) and the LM head. Prints milliseconds
 per pass (best of ``--repeats``), the weight bytes read per second, and the
-core/torch ratio; this picks ``DENSE_CORE_MAX_TOKENS`` in
-``paternoster.kernels.cpu``. Usage::
+core/torch ratio (this picks ``DENSE_CORE_MAX_TOKENS`` in
+``paternoster.kernels.cpu``); then the LM head alone, float32 logits from the
+core against torch's bfloat16 GEMM (the cost of the float32-logits default). Usage::
 
     .venv/bin/python bench/linear.py [--batches 1,2,4,8,16,32,64] [--threads 2]
 """
@@ -89,6 +90,31 @@ def main() -> None:
         print(f"| {b} | {1e3 * torch_s:.2f} | {1e3 * core['bf16']:.2f} | "
               f"{torch_s / core['bf16']:.2f} | {1e3 * core['q8_0']:.2f} | "
               f"{1e3 * core['q4_1']:.2f} | {gbs} |")
+    lm_head_table([int(x) for x in args.batches.split(",")], args.repeats)
+
+
+def lm_head_table(batches: list[int], repeats: int) -> None:
+    """The LM head alone: float32 logits from the core (unrounded sums, the
+    default) against torch's bfloat16 GEMM converted to float32 afterwards."""
+    w = make_weights(0, "bf16")[-1]
+    print("\n| batch | LM head: torch bf16 + .float() ms | core float32 ms | core/torch time |")
+    print("|---:|---:|---:|---:|")
+    for b in batches:
+        x = torch.randn(b, w.shape[1]).bfloat16()
+        heads = (lambda x=x: F.linear(x, w).float(),
+                 lambda x=x: kernels.linear(x, w, out_dtype=torch.float32))
+        times = []
+        for fn in heads:
+            fn()
+            times.append(min(_timed(fn) for _ in range(repeats)))
+        print(f"| {b} | {1e3 * times[0]:.2f} | {1e3 * times[1]:.2f} | "
+              f"{times[1] / times[0]:.2f} |")
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 if __name__ == "__main__":

@@ -220,6 +220,7 @@ def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
         max_num_seqs=max(batches),
         num_threads=args.threads,
         max_model_len=MAX_MODEL_LEN,
+        batch_invariant=getattr(args, "batch_invariant", False),
     )
     engine = llm.engine
     gen = random.Random(args.seed)
@@ -300,6 +301,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-output", type=int, default=512)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1, help="torch (and core) threads")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="decode phase: the engine in batch-invariant mode")
     ap.add_argument(
         "--max-num-seqs",
         type=int,

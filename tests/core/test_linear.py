@@ -61,17 +61,20 @@ def test_torch_reference_dequantizer_matches_gguf(fmt):
                           atol=1e-7)
 
 
-def test_dense_small_batches_run_on_the_core_and_match_float64():
-    """Up to DENSE_CORE_MAX_TOKENS rows: the core's unrounded float32 sums;
-    above: torch's bfloat16 GEMM (its result rounded to bfloat16)."""
+def test_float32_results_of_bfloat16_inputs_are_unrounded_at_any_batch():
+    """float32 out (the logits): the core's unrounded sums at every batch
+    size; bfloat16 out above DENSE_CORE_MAX_TOKENS rows: torch's GEMM,
+    rounded to bfloat16."""
     torch.manual_seed(2)
     w = torch.randn(300, 130).bfloat16()
-    for t in (1, DENSE_CORE_MAX_TOKENS, DENSE_CORE_MAX_TOKENS + 1):
+    for t in (1, DENSE_CORE_MAX_TOKENS, DENSE_CORE_MAX_TOKENS + 1, 70):
         x = torch.randn(t, 130).bfloat16()
-        out = kernels.linear(x, w, out_dtype=torch.float32)
         ref = x.double() @ w.double().T
-        rounding = 0.0 if t <= DENSE_CORE_MAX_TOKENS else 2.0**-8
-        assert ((out.double() - ref).abs() <= 1e-4 + rounding * ref.abs()).all(), t
+        out = kernels.linear(x, w, out_dtype=torch.float32)
+        assert (out.double() - ref).abs().max() <= 1e-4, t
+        rounded = kernels.linear(x, w)
+        assert rounded.dtype == torch.bfloat16
+        assert ((rounded.double() - ref).abs() <= 1e-4 + 2.0**-8 * ref.abs()).all(), t
 
 
 @pytest.mark.parametrize("weight_kind", ["bfloat16", "float32", "q4_1", "q8_0"])

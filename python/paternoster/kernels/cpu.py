@@ -155,7 +155,8 @@ class CpuBackend(Backend):
                invariant: bool = False) -> torch.Tensor:
         """The core's GEMV/GEMM (see :func:`paternoster.kernels.linear`); dense
         weights above :data:`DENSE_CORE_MAX_TOKENS` rows go to torch's GEMM
-        unless ``invariant``.
+        unless ``invariant`` or a float32 result of bfloat16 inputs is asked
+        (torch would round it to bfloat16 first).
 
         Raises:
             ValueError: naming a bad argument (dtype, shape, device, contiguity).
@@ -171,7 +172,9 @@ class CpuBackend(Backend):
             fmt, data = WEIGHT_FORMATS[weight.format], weight.data
         else:
             n, wk = check_tensor(weight, "weight", 2, x.dtype, x.device)
-            if not invariant and t > DENSE_CORE_MAX_TOKENS:
+            # torch's bfloat16 GEMM rounds its output: a float32 result of
+            # bfloat16 inputs (the logits) always comes from the core.
+            if not invariant and t > DENSE_CORE_MAX_TOKENS and out_dtype == x.dtype:
                 y = F.linear(x, weight, bias)
                 return y if y.dtype == out_dtype else y.to(out_dtype)
             fmt, data = WEIGHT_FORMATS[x.dtype], weight

@@ -31,7 +31,8 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, *,
             ``in_features == K``.
         bias: ``[N]`` in x's dtype, or None.
         out_dtype: the result's dtype (default x's); float32 gives unrounded
-            float32 sums (the logits of the LM head).
+            float32 sums on CPU whatever the batch (the logits of the LM
+            head); elsewhere the model-dtype result converted.
         invariant: every row's result must not depend on the other rows of
             the call (batch-invariant mode): on CPU always the core's kernel.
     Returns:

@@ -260,9 +260,11 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         return self.norm.add_forward(x, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] (model dtype) -> float32 logits [N, V], the sums
-        unrounded where the core's kernel runs (:func:`paternoster.kernels.linear`:
-        quantized LM heads, small batches, batch-invariant mode)."""
+        """hidden [N, H] (model dtype) -> float32 logits [N, V]: on CPU the
+        float32 sums unrounded at any batch size (:func:`paternoster.kernels.linear`),
+        so a near-tie between two tokens does not flip with the batch's shape
+        (a bfloat16 LM head rounds logits to 8 bits; measured cost in
+        docs/benchmarks.md, "CPU decode"); on CUDA the model-dtype result."""
         return kernels.linear(hidden, self.lm_head, out_dtype=torch.float32,
                               invariant=self.batch_invariant)
 
