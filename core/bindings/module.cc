@@ -18,6 +18,7 @@
 #include "paternoster/attention.h"
 #include "paternoster/batch_builder.h"
 #include "paternoster/block_pool.h"
+#include "paternoster/decoder.h"
 #include "paternoster/fused_ops.h"
 #include "paternoster/kv_cache_manager.h"
 #include "paternoster/linear.h"
@@ -399,4 +400,68 @@ PYBIND11_MODULE(_core, m) {
       py::arg("out"), py::arg("weight"), py::arg("format"), py::arg("num_rows"),
       py::arg("in_features"), py::call_guard<py::gil_scoped_release>(),
       "Dequantize weight rows to float32 on raw data pointers.");
+
+  // The decoder stack in one call (see paternoster/decoder.h).
+  py::class_<DecoderStack>(m, "DecoderStack",
+                           "A Llama-family decoder stack run in one call on raw pointers.")
+      .def(py::init([](int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads,
+                       int64_t head_size, int64_t intermediate_size, double rms_norm_eps,
+                       DType dtype, uintptr_t cos_sin_cache, int64_t max_positions, bool is_neox,
+                       int64_t num_blocks, int64_t block_size, bool batch_invariant,
+                       const std::vector<std::vector<uint64_t>>& layers, uintptr_t final_norm) {
+             DecoderConfig c;
+             c.hidden_size = hidden_size;
+             c.num_heads = num_heads;
+             c.num_kv_heads = num_kv_heads;
+             c.head_size = head_size;
+             c.intermediate_size = intermediate_size;
+             c.rms_norm_eps = rms_norm_eps;
+             c.dtype = dtype;
+             c.cos_sin_cache = ptr<const void>(cos_sin_cache);
+             c.max_positions = max_positions;
+             c.is_neox = is_neox;
+             c.num_blocks = num_blocks;
+             c.block_size = block_size;
+             c.batch_invariant = batch_invariant;
+             std::vector<DecoderLayer> ls;
+             for (const auto& f : layers) {
+               if (f.size() != 16) throw std::invalid_argument("a layer needs 16 fields");
+               auto w = [&](size_t i) {
+                 return DecoderWeight{ptr<const void>(f[i]), static_cast<WeightFormat>(f[i + 1]),
+                                      ptr<const void>(f[i + 2])};
+               };
+               DecoderLayer l;
+               l.input_norm = ptr<const void>(f[0]);
+               l.post_attention_norm = ptr<const void>(f[1]);
+               l.qkv = w(2);
+               l.o = w(5);
+               l.gate_up = w(8);
+               l.down = w(11);
+               l.key_cache = ptr<void>(f[14]);
+               l.value_cache = ptr<void>(f[15]);
+               ls.push_back(l);
+             }
+             return new DecoderStack(c, std::move(ls), ptr<const void>(final_norm));
+           }),
+           py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_size"), py::arg("intermediate_size"), py::arg("rms_norm_eps"),
+           py::arg("dtype"), py::arg("cos_sin_cache"), py::arg("max_positions"),
+           py::arg("is_neox"), py::arg("num_blocks"), py::arg("block_size"),
+           py::arg("batch_invariant"), py::arg("layers"), py::arg("final_norm"))
+      .def(
+          "_forward_ptr",
+          [](DecoderStack& s, uintptr_t out, uintptr_t x, uintptr_t positions,
+             uintptr_t slot_mapping, uintptr_t block_tables, uintptr_t seq_lens,
+             uintptr_t query_start_loc, int64_t num_tokens, int64_t num_seqs,
+             int64_t max_blocks_per_seq) {
+            s.forward(ptr<void>(out), ptr<void>(x), ptr<const int64_t>(positions),
+                      ptr<const int64_t>(slot_mapping), ptr<const int32_t>(block_tables),
+                      ptr<const int32_t>(seq_lens), ptr<const int32_t>(query_start_loc),
+                      num_tokens, num_seqs, max_blocks_per_seq);
+          },
+          py::arg("out"), py::arg("x"), py::arg("positions"), py::arg("slot_mapping"),
+          py::arg("block_tables"), py::arg("seq_lens"), py::arg("query_start_loc"),
+          py::arg("num_tokens"), py::arg("num_seqs"), py::arg("max_blocks_per_seq"),
+          py::call_guard<py::gil_scoped_release>(), "One step (see paternoster/decoder.h).")
+      .def_property_readonly("num_layers", &DecoderStack::num_layers);
 }

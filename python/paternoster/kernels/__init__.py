@@ -49,6 +49,7 @@ from paternoster.kernels.cpu import (
     set_spin_micros,
 )
 from paternoster.kernels.cuda import CudaBackend
+from paternoster.kernels.decoder import CpuDecoderStack, StackLayer
 from paternoster.kernels.dispatch import backend_for, cuda_kernels_available
 from paternoster.kernels.elementwise import (
     fused_add_rms_norm,
@@ -63,10 +64,12 @@ from paternoster.kernels.quant import QUANT_FORMATS, QuantizedWeight
 __all__ = [
     "Backend",
     "CpuBackend",
+    "CpuDecoderStack",
     "CudaBackend",
     "NativeBackend",
     "QUANT_FORMATS",
     "QuantizedWeight",
+    "StackLayer",
     "alloc_decode_workspace",
     "backend_for",
     "cuda_emulation_available",

@@ -211,6 +211,10 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
     """
 
     qkv_bias = False  # Qwen2 overrides
+    #: Run CPU steps whose matrix multiplies all take the core's kernels (see
+    #: ``_decoder_stack``) as one call into the core's decoder stack: the
+    #: same kernels in the same order, without the Python per-kernel cost.
+    fused_steps = True
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
                  max_positions: int | None = None, batch_invariant: bool = False) -> None:
@@ -251,6 +255,10 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
             [T, H] final hidden states (after the last RMSNorm), model dtype.
         """
         x = embed(input_ids, self.embed_tokens, self.dtype)
+        stack = self._decoder_stack(input_ids.shape[0], kv_caches)
+        if stack is not None:
+            return stack.forward(x, positions, attn.slot_mapping, attn.block_tables,
+                                 attn.seq_lens, attn.query_start_loc)
         rope = Rope(self.rotary, positions)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
@@ -258,6 +266,39 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         if residual is None:  # no layers
             return self.norm(x)
         return self.norm.add_forward(x, residual)
+
+    def _decoder_stack(self, num_tokens: int, kv_caches: list[KVCache]):
+        """The core's decoder stack for this step, or None to run the layers
+        here. Used on CPU with the default kernels when every matrix multiply
+        of the step takes the core's kernel in the Python path too (at most
+        ``DENSE_CORE_MAX_TOKENS`` tokens, batch-invariant mode, or every
+        layer's weights quantized), so both paths give the same bits; built
+        once per KV cache."""
+        if not self.fused_steps or self.norm.weight.device.type != "cpu" or not self.layers:
+            return None
+        if self.layers[0].self_attn.ops is not kernels or self.dtype not in (torch.float32,
+                                                                          torch.bfloat16):
+            return None
+        if not (num_tokens <= kernels.DENSE_CORE_MAX_TOKENS or self.batch_invariant
+                or self._all_quantized()):
+            return None
+        key = (kv_caches[0][0].data_ptr(), len(kv_caches))
+        if getattr(self, "_stack_key", None) != key:
+            layers = [_stack_layer(layer, cache)
+                      for layer, cache in zip(self.layers, kv_caches, strict=True)]
+            self._stack = kernels.CpuDecoderStack(self.config, self.dtype, layers,
+                                                  self.norm.weight, self.rotary.cos_sin_cache,
+                                                  self.batch_invariant)
+            self._stack_key = key
+        return self._stack
+
+    def _all_quantized(self) -> bool:
+        if getattr(self, "_quantized_layers", None) is None:
+            self._quantized_layers = all(
+                isinstance(w, QuantizedWeight) for layer in self.layers
+                for w in (layer.self_attn.qkv_weight, layer.self_attn.o_weight,
+                          layer.mlp.gate_up_weight, layer.mlp.down_weight))
+        return self._quantized_layers
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] (model dtype) -> float32 logits [N, V]: on CPU the
@@ -282,3 +323,13 @@ def embed(input_ids: torch.Tensor, table: Weight, dtype: torch.dtype) -> torch.T
         rows = QuantizedWeight(table.data[input_ids], table.format, table.in_features)
         return rows.dequantize(dtype)
     return F.embedding(input_ids, table)
+
+
+def _stack_layer(layer: LlamaDecoderLayer, cache: KVCache) -> kernels.StackLayer:
+    attn, mlp = layer.self_attn, layer.mlp
+    return kernels.StackLayer(
+        input_norm=layer.input_layernorm.weight,
+        post_attention_norm=layer.post_attention_layernorm.weight,
+        qkv=(attn.qkv_weight, attn.qkv_bias), o=(attn.o_weight, attn.o_bias),
+        gate_up=(mlp.gate_up_weight, mlp.gate_up_bias), down=(mlp.down_weight, mlp.down_bias),
+        key_cache=cache[0], value_cache=cache[1])
