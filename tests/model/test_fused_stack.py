@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
+from paternoster.kernels.cpu import DENSE_CORE_MAX_TOKENS
 from paternoster.model.runner import ModelRunner
 
 from .conftest import BatchMaker, Chunk
@@ -96,8 +96,8 @@ def test_stack_is_used_only_where_the_core_runs_every_matmul(hf_dir):
     runner = ModelRunner(ModelConfig(model=str(hf_dir), dtype="bfloat16"),
                          CacheConfig(block_size=8, num_kv_blocks=32))
     model = runner.model
-    assert model._decoder_stack(kernels.DENSE_CORE_MAX_TOKENS, runner.kv_caches) is not None
-    assert model._decoder_stack(kernels.DENSE_CORE_MAX_TOKENS + 1, runner.kv_caches) is None
+    assert model._decoder_stack(DENSE_CORE_MAX_TOKENS, runner.kv_caches) is not None
+    assert model._decoder_stack(DENSE_CORE_MAX_TOKENS + 1, runner.kv_caches) is None
 
 
 def test_bad_positions_raise_value_error(hf_dir):

@@ -41,8 +41,8 @@ from paternoster.kernels.attention import (
 )
 from paternoster.kernels.backend import Backend, NativeBackend
 from paternoster.kernels.cpu import (
-    DENSE_CORE_MAX_TOKENS,
     CpuBackend,
+    core_runs_matmuls,
     get_num_threads,
     get_spin_micros,
     set_num_threads,
@@ -71,12 +71,12 @@ __all__ = [
     "QuantizedWeight",
     "StackLayer",
     "alloc_decode_workspace",
+    "core_runs_matmuls",
     "backend_for",
     "cuda_emulation_available",
     "cuda_kernels_available",
     "emulated_cuda_backend",
     "fused_add_rms_norm",
-    "DENSE_CORE_MAX_TOKENS",
     "get_num_threads",
     "get_spin_micros",
     "linear",

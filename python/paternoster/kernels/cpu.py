@@ -36,9 +36,18 @@ WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4
 
 #: Above this many rows a dense (unquantized) linear layer runs on torch's GEMM
 #: (oneDNN), faster there than the core's kernel, unless batch invariance is
-#: asked for. Measured with bench/linear.py on the 2-core AVX-512 EPYC
-#: (docs/benchmarks.md, "Linear layers").
-DENSE_CORE_MAX_TOKENS = 4
+#: asked for. Measured on the 2-core AVX-512 BF16 EPYC (docs/benchmarks.md,
+#: "CPU decode"): the core's GEMM alone is faster up to 4 rows and even at 8
+#: (bench/linear.py); a whole decode step at 8 is faster with the core, whose
+#: decoder stack then skips Python's per-kernel cost; at 16 torch wins.
+DENSE_CORE_MAX_TOKENS = 8
+
+def core_runs_matmuls(num_tokens: int) -> bool:
+    """Whether dense linear layers of ``num_tokens`` rows run on the core's
+    kernel (rather than torch's GEMM) on CPU: at most
+    :data:`DENSE_CORE_MAX_TOKENS` rows (read at call time)."""
+    return num_tokens <= DENSE_CORE_MAX_TOKENS
+
 
 set_num_threads = _core.set_num_threads
 get_num_threads = _core.get_num_threads

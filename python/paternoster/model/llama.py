@@ -271,7 +271,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         """The core's decoder stack for this step, or None to run the layers
         here. Used on CPU with the default kernels when every matrix multiply
         of the step takes the core's kernel in the Python path too (at most
-        ``DENSE_CORE_MAX_TOKENS`` tokens, batch-invariant mode, or every
+        ``kernels.cpu.DENSE_CORE_MAX_TOKENS`` tokens, batch-invariant mode, or every
         layer's weights quantized), so both paths give the same bits; built
         once per KV cache."""
         if not self.fused_steps or self.norm.weight.device.type != "cpu" or not self.layers:
@@ -279,7 +279,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         if self.layers[0].self_attn.ops is not kernels or self.dtype not in (torch.float32,
                                                                           torch.bfloat16):
             return None
-        if not (num_tokens <= kernels.DENSE_CORE_MAX_TOKENS or self.batch_invariant
+        if not (kernels.core_runs_matmuls(num_tokens) or self.batch_invariant
                 or self._all_quantized()):
             return None
         key = (kv_caches[0][0].data_ptr(), len(kv_caches))

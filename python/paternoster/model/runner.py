@@ -239,7 +239,7 @@ class ModelRunner:
 
         if self._quantized is None:
             self._quantized = bool(self.model.quantized_weights())
-        core_only = (num_tokens <= kernels.DENSE_CORE_MAX_TOKENS or self.model.batch_invariant
+        core_only = (kernels.core_runs_matmuls(num_tokens) or self.model.batch_invariant
                      or self._quantized)
         spin = CORE_STEP_SPIN_US if core_only else TORCH_STEP_SPIN_US
         if spin != self._spin:
