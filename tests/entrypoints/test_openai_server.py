@@ -109,12 +109,17 @@ def test_async_client_streams_and_batches(server, client, model):
 
 
 def test_n_choices_are_indexed_and_counted(client, model):
+    # Distinct cache salts: both runs prefill the whole prompt. A re-run that
+    # hits the prefix cache recomputes only the last token, on other kernels,
+    # and may sample differently outside --batch-invariant mode (as in vLLM).
     r = client.completions.create(
-        model=model, prompt=PROMPT, max_tokens=6, temperature=1.0, n=2, seed=7
+        model=model, prompt=PROMPT, max_tokens=6, temperature=1.0, n=2, seed=7,
+        extra_body={"cache_salt": "first"},
     )
     assert sorted(c.index for c in r.choices) == [0, 1]
     again = client.completions.create(
-        model=model, prompt=PROMPT, max_tokens=6, temperature=1.0, n=2, seed=7
+        model=model, prompt=PROMPT, max_tokens=6, temperature=1.0, n=2, seed=7,
+        extra_body={"cache_salt": "second"},
     )
     assert [c.text for c in again.choices] == [c.text for c in r.choices]  # seeded
     assert r.usage.completion_tokens <= 12
