@@ -24,12 +24,18 @@ DecoderConfig small_config(const float* table) {
   return c;
 }
 
+// A layer whose every array is `buf` (the checks read no values).
+DecoderLayer layer_on(float* buf) {
+  DecoderLayer layer;
+  layer.input_norm = layer.post_attention_norm = buf;
+  layer.qkv.data = layer.o.data = layer.gate_up.data = layer.down.data = buf;
+  layer.key_cache = layer.value_cache = buf;
+  return layer;
+}
+
 TEST(DecoderStack, RejectsBadConfigs) {
   std::vector<float> buf(1024);
-  DecoderLayer layer;
-  layer.input_norm = layer.post_attention_norm = buf.data();
-  layer.qkv.data = layer.o.data = layer.gate_up.data = layer.down.data = buf.data();
-  layer.key_cache = layer.value_cache = buf.data();
+  const DecoderLayer layer = layer_on(buf.data());
   EXPECT_NO_THROW(DecoderStack(small_config(buf.data()), {layer}, buf.data()));
 
   EXPECT_THROW(DecoderStack(small_config(buf.data()), {}, buf.data()), std::invalid_argument);
@@ -51,11 +57,7 @@ TEST(DecoderStack, RejectsBadConfigs) {
 
 TEST(DecoderStack, EmptyStepIsANoOp) {
   std::vector<float> buf(1024);
-  DecoderLayer layer;
-  layer.input_norm = layer.post_attention_norm = buf.data();
-  layer.qkv.data = layer.o.data = layer.gate_up.data = layer.down.data = buf.data();
-  layer.key_cache = layer.value_cache = buf.data();
-  DecoderStack stack(small_config(buf.data()), {layer}, buf.data());
+  DecoderStack stack(small_config(buf.data()), {layer_on(buf.data())}, buf.data());
   EXPECT_NO_THROW(stack.forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0,
                                 0, 0));
   EXPECT_THROW(stack.forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 1,

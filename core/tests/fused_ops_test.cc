@@ -14,22 +14,14 @@
 #include "paternoster/fused_ops.h"
 #include "paternoster/thread_pool.h"
 
+#include "bf16_util.h"
+
 namespace paternoster {
 namespace {
 
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-float round_bf16(float f) { return from_bf16(to_bf16(f)); }
+using test::from_bf16;
+using test::to_bf16;
+using test::round_bf16;
 
 // A tensor held as float values (exactly representable in the dtype) and
 // converted to the kernel's storage on demand.

@@ -15,21 +15,13 @@
 #include "paternoster/linear.h"
 #include "paternoster/thread_pool.h"
 
+#include "bf16_util.h"
+
 namespace paternoster {
 namespace {
 
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using test::from_bf16;
+using test::to_bf16;
 // IEEE half (normal numbers and zero suffice for the scales drawn here).
 uint16_t to_half(float f) {
   _Float16 h = static_cast<_Float16>(f);
