@@ -71,7 +71,7 @@ def main() -> None:
     choices = setters(engine, args.compare, [v for v in args.values.split(",") if v])
     print(machine_info())
     rng = random.Random(0)
-    need = args.rounds * len(choices) * args.steps + 8
+    need = (args.rounds + 1) * len(choices) * (args.steps + 1) + 8
     params = SamplingParams(temperature=0.0, max_tokens=need, ignore_eos=True)
     for b in batches:
         ids = [f"ab{b}-{i}" for i in range(b)]
@@ -81,6 +81,10 @@ def main() -> None:
         for _ in range(4):  # prefill and warm-up
             engine.step()
         medians: dict[str, list[float]] = {label: [] for label in choices}
+        for apply in choices.values():  # a warm-up round, not timed
+            apply()
+            for _ in range(args.steps):
+                engine.step()
         for _ in range(args.rounds):
             for label, apply in choices.items():
                 apply()

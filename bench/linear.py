@@ -80,7 +80,7 @@ def main() -> None:
     sets = {fmt: make_weights(args.layers, fmt) for fmt in ("bf16", "q8_0", "q4_1")}
     nbytes = {fmt: sum(w.nbytes if isinstance(w, QuantizedWeight) else w.numel() * 2
                        for w in ws) for fmt, ws in sets.items()}
-    print("| batch | torch bf16 ms | core bf16 ms | core/torch | core q8_0 ms | core q4_1 ms |"
+    print("| batch | torch bf16 ms | core bf16 ms | torch/core | core q8_0 ms | core q4_1 ms |"
           " GB/s bf16 / q8_0 / q4_1 (core) |")
     print("|---:|---:|---:|---:|---:|---:|---|")
     for b in [int(x) for x in args.batches.split(",")]:

@@ -4,8 +4,11 @@ For each batch size ``B``: ``B`` requests of ``--prompt-len`` random tokens are
 added to one :class:`~paternoster.engine.core.EngineCore` and run past their
 prefill; then ``--steps`` decode steps run under ``torch.profiler``. Each
 kernel call of :mod:`paternoster.kernels` and each stage of the step
-(schedule, batch build, forward, sampling, update) is wrapped in a
-``record_function`` range for the run (the wrapping is done here, by
+(schedule, batch build, forward, sampling, update) and the core's decoder
+stack (one C++ call for all layers of the steps it takes; its kernels are not
+split: ``--python-layers`` runs those steps through the Python layers, which
+gives the same bits, to see them) is wrapped in a ``record_function`` range
+for the run (the wrapping is done here, by
 replacing the module attributes the model and engine call, so the code under
 test is unchanged); matrix multiplies are grouped by weight shape
 (``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``). Prints, per batch, the
@@ -15,7 +18,7 @@ measured copy bandwidth (:func:`memory_bandwidth`, a STREAM-like copy).
 Usage::
 
     .venv/bin/python bench/profile.py [--batches 1,8,64] [--threads 2] [--steps 20]
-        [--quantization none|q8_0|q4_0|q4_1]
+        [--model path/to/model.gguf] [--python-layers]
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ def _ranges(engine) -> Iterator[None]:
     wrap(engine, "_build_input", "stage::build")
     wrap(engine.runner, "compute_logits", "stage::forward")
     wrap(engine.runner.sampler, "sample_step", "stage::sample")
+    wrap(kernels.CpuDecoderStack, "forward", "kernel::decoder_stack (all layers, one call)")
     wrap(engine.scheduler, "update_from_output", "stage::update")
     try:
         yield
@@ -199,8 +203,8 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--quantization", default=None,
-                    help="weights kept quantized (see `paternoster serve --quantization`)")
+    ap.add_argument("--python-layers", action="store_true",
+                    help="run every step through the Python layers (no decoder stack)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -210,10 +214,9 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
 
     kwargs = dict(dtype=args.dtype, max_num_seqs=max(batches), num_threads=args.threads,
                   max_model_len=2048)
-    if args.quantization:
-        kwargs["quantization"] = args.quantization
     llm = LLM(args.model, **kwargs) if args.model else LLM(**kwargs)
     engine = llm.engine
+    engine.runner.model.fused_steps = not args.python_layers
     copy_bw, bandwidth = memory_bandwidth(args.threads)
     model = engine.runner.model
     wbytes = weight_bytes(model)

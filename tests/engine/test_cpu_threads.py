@@ -145,6 +145,9 @@ def test_build_engine_config_defaults_to_auto_and_keeps_explicit_counts():
     assert build_engine_config("/m", num_threads=6).num_threads == 6
     with pytest.raises(ValueError, match="num_threads"):
         build_engine_config("/m", num_threads=-2)
+    for bad in ("x", 1.5, True):
+        with pytest.raises(ValueError, match="num_threads must be an int"):
+            build_engine_config("/m", num_threads=bad)
     cfg = EngineConfig(model=ModelConfig(model="m"))
     assert cfg.num_threads == 0
     assert EngineConfig.from_dict(cfg.to_dict()).num_threads == 0

@@ -114,3 +114,34 @@ def test_tensor_names():
     assert hf_name("token_embd.weight") == "model.embed_tokens.weight"
     assert hf_name("output.weight") == "lm_head.weight"
     assert hf_name("rope_freqs.weight") is None
+
+
+def test_bad_files_get_clear_errors(tmp_path):
+    from paternoster.model.gguf import is_gguf
+
+    hf = _hf_llama(5, True)
+    good = tmp_path / "good.gguf"
+    write_llama_gguf(hf, good, "q8_0")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_gguf_config(cut)
+    text = tmp_path / "text.gguf"
+    text.write_text("not a model")
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_gguf_config(text)
+    with pytest.raises(ValueError, match="no such GGUF file"):
+        load_gguf_config(tmp_path / "missing.gguf")
+    (tmp_path / "dir.gguf").mkdir()
+    assert not is_gguf(tmp_path / "dir.gguf") and is_gguf(good)
+
+
+def test_served_name_is_the_file_name_without_suffix(tmp_path):
+    from paternoster import LLM
+
+    hf = _hf_llama(6, True)
+    path = tmp_path / "tiny.Q4_0.gguf"
+    write_llama_gguf(hf, path, "q4_0")
+    llm = LLM(str(path), num_threads=1, max_model_len=128)
+    assert llm.engine.info["model"] == "tiny.Q4_0"
+    assert llm.engine.info["batch_invariant"] is False

@@ -146,7 +146,11 @@ class EngineCore:
         self._wants_prompt_logprobs: dict[str, Request] = {}
         # Tokens each step computed, since the last pop_iteration_tokens().
         self._iteration_tokens: list[int] = []
+        # Default id: the directory's name, or a GGUF file's name without ".gguf"
+        # (as llama-server names it).
         name = config.model.served_model_name or str(config.model.model).rstrip("/").split("/")[-1]
+        if name.lower().endswith(".gguf") and not config.model.served_model_name:
+            name = name[: -len(".gguf")]
         self.info = {
             "model": name,
             "model_dir": str(config.model.model),
@@ -157,6 +161,7 @@ class EngineCore:
             "vocab_size": self.runner.vocab_size,
             "scheduler": sched_config.scheduler,
             "num_threads": config.num_threads,
+            "batch_invariant": config.model.batch_invariant,
         }
 
     # --------------------------------------------------------------- requests

@@ -1,9 +1,10 @@
-"""The ``paternoster`` command: ``paternoster serve [MODEL_DIR] [flags]``,
+"""The ``paternoster`` command: ``paternoster serve [MODEL] [flags]``,
 ``paternoster simulate [flags]`` (the model-free scheduler simulator),
 ``paternoster trace`` (request timelines) and ``paternoster bench serve|capacity``.
 
 Starts the engine process, then the OpenAI-compatible HTTP server. Without
-MODEL_DIR it serves the embedded default model (SmolLM2-135M-Instruct).
+MODEL (an HF model directory or a .gguf file) it serves the embedded default
+model (SmolLM2-135M-Instruct).
 
 SIGTERM or Ctrl-C shut the server down gracefully: it stops accepting
 requests (/health turns 503), lets in-flight requests finish for up to
@@ -40,8 +41,8 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model over the OpenAI HTTP API")
     serve.add_argument(
-        "model", nargs="?", default=None, metavar="MODEL_DIR",
-        help="HF model directory (default: the embedded SmolLM2-135M-Instruct)",
+        "model", nargs="?", default=None, metavar="MODEL",
+        help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
     )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -172,7 +173,10 @@ async def serve(args: argparse.Namespace) -> int:
     from paternoster.model.gguf import is_gguf
 
     model_dir = resolve_model_dir(args.model)
-    if not (os.path.isdir(model_dir) or is_gguf(model_dir) and os.path.isfile(model_dir)):
+    if not os.path.exists(model_dir):
+        logger.error("cannot load model %s: no such file or directory", model_dir)
+        return 1
+    if not (os.path.isdir(model_dir) or is_gguf(model_dir)):
         logger.error("cannot load model %s: not a directory or a .gguf file", model_dir)
         return 1
     chat_template = None

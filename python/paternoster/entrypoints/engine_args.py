@@ -129,6 +129,9 @@ def build_engine_config(
     if max_num_batched_tokens is not None:
         sched["max_num_batched_tokens"] = max_num_batched_tokens
     num_threads = 0 if num_threads is None else num_threads
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int):
+        raise ValueError(f"num_threads must be an int (>= 1, or 0 for auto), got "
+                         f"{num_threads!r}")
     if num_threads < 0:
         raise ValueError(f"num_threads must be >= 1, or 0 for auto; got {num_threads}")
     return EngineConfig(

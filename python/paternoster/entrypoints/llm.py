@@ -25,13 +25,14 @@ class LLM:
     """An engine in this process plus the model's tokenizer.
 
     Args:
-        model: HF model directory; ``None`` = the embedded default model.
+        model: HF model directory or ``.gguf`` file (quantized weights kept
+            quantized on CPU); ``None`` = the embedded default model.
         **engine_kwargs: the CLI's engine options by their flag names
             (``dtype``, ``max_model_len``, ``block_size``, ``num_kv_blocks``,
             ``kv_cache_memory``, ``max_num_seqs``, ``max_num_batched_tokens``,
             ``scheduler``, ``num_threads``, ``seed``, ``served_model_name``,
             ``device``, ``gpu_memory_utilization``, ``cuda_graphs``,
-            ``load_format``, ``timeline_size``, ``timeline_sample_rate``,
+            ``batch_invariant``, ``load_format``, ``timeline_size``, ``timeline_sample_rate``,
             ``timeline_max_requests``). ``num_threads`` defaults to every
             physical core available (see :mod:`paternoster.engine.cpu_threads`).
     Attributes:

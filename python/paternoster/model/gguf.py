@@ -54,8 +54,8 @@ _GLOBAL_NAMES = {
 
 
 def is_gguf(path: str | Path) -> bool:
-    """True for a path naming a ``.gguf`` file."""
-    return str(path).lower().endswith(".gguf")
+    """True for a path naming a ``.gguf`` file (a directory so named is not one)."""
+    return str(path).lower().endswith(".gguf") and not Path(path).is_dir()
 
 
 def gguf_architecture(path: str | Path) -> str:
@@ -176,7 +176,10 @@ def unpermute_rows(weight: torch.Tensor | QuantizedWeight,
 def _reader(path: str | Path):
     from gguf import GGUFReader
 
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such GGUF file")
     try:
         return GGUFReader(str(path), "r")
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable GGUF file ({e})") from e
+    except Exception as e:  # noqa: BLE001 - the reader fails in many ways on a cut file
+        raise ValueError(f"{path}: not a readable GGUF file, truncated or corrupt? "
+                         f"({type(e).__name__}: {e})") from e
