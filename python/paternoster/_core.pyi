@@ -320,9 +320,11 @@ def _paged_attention_ptr(
     max_blocks_per_seq: int,
     scale: float,
     dtype: DType,
+    batch_invariant: bool = False,
 ) -> None:
     """Paged attention on raw CPU data pointers (contiguous layouts as documented
-    in :func:`paternoster.kernels.paged_attention`). Releases the GIL. Checks sizes,
+    in :func:`paternoster.kernels.paged_attention`); ``batch_invariant``: one
+    work item per query token. Releases the GIL. Checks sizes,
     ``query_start_loc``, ``seq_lens`` and block ids against ``num_blocks``, raising
     ValueError before writing; cannot check that the pointers are valid. Use
     :func:`paternoster.kernels.paged_attention` instead."""
@@ -402,3 +404,96 @@ def _rotary_embedding_ptr(
     ValueError (before writing) for a position outside ``[0, max_positions)``,
     an odd head size or rows closer than their heads. Releases the GIL. Use
     :func:`paternoster.kernels.rotary_embedding` instead."""
+
+class WeightFormat(enum.Enum):
+    """Storage of a linear layer's weight: dense ``float32``/``bfloat16``, or
+    GGUF blocks of 32 values ``q8_0``, ``q4_0``, ``q4_1`` (paternoster/linear.h)."""
+
+    float32 = 0
+    bfloat16 = 1
+    q4_0 = 2
+    q4_1 = 3
+    q8_0 = 8
+
+def weight_row_bytes(format: WeightFormat, in_features: int) -> int:
+    """Bytes of one weight row; ValueError for a quantized format and
+    ``in_features % 32 != 0``."""
+
+def linear_isa() -> str:
+    """SIMD variant of the linear kernel in use (``"avx512bf16"`` where the CPU
+    has AVX-512 BF16, else the attention kernel's)."""
+
+def available_linear_isas() -> list[str]:
+    """Variants of the linear kernel this build and CPU can run, best first."""
+
+def set_spin_micros(micros: int) -> None:
+    """How long the kernel threads poll for the next call before sleeping
+    (microseconds; 0 never polls). ValueError if negative."""
+
+def get_spin_micros() -> int:
+    """The value of :func:`set_spin_micros` (or ``$PATERNOSTER_SPIN_US``, default 30)."""
+
+def _linear_ptr(
+    out: int,
+    out_dtype: DType,
+    x: int,
+    x_dtype: DType,
+    weight: int,
+    format: WeightFormat,
+    bias: int,
+    num_tokens: int,
+    out_features: int,
+    in_features: int,
+    isa: str = "",
+) -> None:
+    """``out [T, N] = x [T, K] @ W^T (+ bias)`` on raw CPU data pointers (bias 0:
+    none; isa "": the default variant). Releases the GIL. ValueError before
+    writing for bad sizes or an unavailable variant. Use
+    :func:`paternoster.kernels.linear` instead."""
+
+def _dequantize_rows_ptr(out: int, weight: int, format: WeightFormat, num_rows: int,
+                         in_features: int) -> None:
+    """Rows of a weight in ``format`` -> float32 ``out [num_rows, in_features]``."""
+
+class DecoderStack:
+    """A Llama-family decoder stack run in one call (paternoster/decoder.h). Use
+    :class:`paternoster.kernels.CpuDecoderStack` instead."""
+
+    num_layers: int
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        intermediate_size: int,
+        rms_norm_eps: float,
+        dtype: DType,
+        cos_sin_cache: int,
+        max_positions: int,
+        is_neox: bool,
+        num_blocks: int,
+        block_size: int,
+        batch_invariant: bool,
+        layers: list[list[int]],
+        final_norm: int,
+    ) -> None:
+        """``layers``: per layer 16 ints: input norm, post-attention norm, then
+        (weight, format, bias) for qkv, o, gate_up, down, then the key and value
+        caches. ValueError naming a bad field."""
+
+    def _forward_ptr(
+        self,
+        out: int,
+        x: int,
+        positions: int,
+        slot_mapping: int,
+        block_tables: int,
+        seq_lens: int,
+        query_start_loc: int,
+        num_tokens: int,
+        num_seqs: int,
+        max_blocks_per_seq: int,
+    ) -> None:
+        """One step; releases the GIL; ValueError from the kernels' checks."""
