@@ -72,6 +72,17 @@ def test_serve_reports_an_engine_that_fails_to_start(tmp_path, default_model_pat
     assert "engine failed to start" in proc.stderr
 
 
+def test_a_bad_thread_setting_is_one_clear_line(default_model_path):
+    env = {**child_env(), "PATERNOSTER_NUM_THREADS": "abc"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "paternoster.entrypoints.cli", "serve", str(default_model_path),
+         "--port", "0"],
+        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "PATERNOSTER_NUM_THREADS" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_serve_with_a_missing_chat_template_file_exits_with_a_clear_error(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "paternoster.entrypoints.cli", "serve", str(tmp_path),

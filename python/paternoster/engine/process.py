@@ -370,7 +370,11 @@ def run_engine(
             config = _configure_threads(config)
             engine = load_engine_cls(engine_cls)(config)
         except Exception as e:  # report any startup failure, in words, then exit
-            logger.error("engine failed to start: %s", traceback.format_exc())
+            if isinstance(e, ValueError):  # a bad setting or model: its message says it
+                logger.error("engine failed to start: %s", e)
+                logger.debug("engine startup traceback: %s", traceback.format_exc())
+            else:
+                logger.error("engine failed to start: %s", traceback.format_exc())
             error = f"{type(e).__name__}: {e}"
             outputs.put(StartupError(error=error, token=token))
             return 1
