@@ -64,7 +64,10 @@ def gguf_architecture(path: str | Path) -> str:
     Raises:
         ValueError: not a readable GGUF file, or the key is missing.
     """
-    reader = _reader(path)
+    return _architecture(_reader(path), path)
+
+
+def _architecture(reader, path: str | Path) -> str:
     field = reader.fields.get("general.architecture")
     if field is None:
         raise ValueError(f"{path}: no general.architecture in the GGUF metadata")
@@ -112,7 +115,7 @@ def gguf_weights(path: str | Path,
     reader = _reader(path)
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    llama = gguf_architecture(path) == "llama"
+    llama = _architecture(reader, path) == "llama"
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:

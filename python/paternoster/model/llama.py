@@ -279,8 +279,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         if self.layers[0].self_attn.ops is not kernels or self.dtype not in (torch.float32,
                                                                           torch.bfloat16):
             return None
-        if not (kernels.core_runs_matmuls(num_tokens) or self.batch_invariant
-                or self._all_quantized()):
+        if not self.core_only_step(num_tokens):
             return None
         key = (kv_caches[0][0].data_ptr(), len(kv_caches))
         if getattr(self, "_stack_key", None) != key:
@@ -291,6 +290,14 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
                                                   self.batch_invariant)
             self._stack_key = key
         return self._stack
+
+    def core_only_step(self, num_tokens: int) -> bool:
+        """Whether every matrix multiply of a CPU step of ``num_tokens`` tokens
+        runs on the core's kernels: few enough tokens for the dense GEMV path
+        (:func:`paternoster.kernels.core_runs_matmuls`), batch-invariant mode,
+        or every layer's weights quantized."""
+        return (kernels.core_runs_matmuls(num_tokens) or self.batch_invariant
+                or self._all_quantized())
 
     def _all_quantized(self) -> bool:
         if getattr(self, "_quantized_layers", None) is None:

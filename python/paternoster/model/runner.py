@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.attention import AttentionMetadata, AttentionOps, default_attention_ops
 from paternoster.model.interface import ModelInput, ModelRunnerOutput
@@ -111,7 +112,6 @@ class ModelRunner:
         self._kernel_hints = False  # pass max_query_len/max_seq_len/workspace to the ops
         self.sampler = Sampler()
         self._spin = -1  # kernel threads' polling time last set (_set_spin)
-        self._quantized: bool | None = None  # the model keeps quantized weights
         ops = attn_ops if attn_ops is not None else default_attention_ops()
         if self.device.type == "cuda":
             self._init_cuda(model_config, cache_config, ops, attn_ops is None, max_num_seqs,
@@ -235,13 +235,7 @@ class ModelRunner:
 
     def _set_spin(self, num_tokens: int) -> None:
         """Pick the kernel threads' polling time for a step of ``num_tokens``."""
-        from paternoster import kernels
-
-        if self._quantized is None:
-            self._quantized = bool(self.model.quantized_weights())
-        core_only = (kernels.core_runs_matmuls(num_tokens) or self.model.batch_invariant
-                     or self._quantized)
-        spin = CORE_STEP_SPIN_US if core_only else TORCH_STEP_SPIN_US
+        spin = CORE_STEP_SPIN_US if self.model.core_only_step(num_tokens) else TORCH_STEP_SPIN_US
         if spin != self._spin:
             kernels.set_spin_micros(spin)
             self._spin = spin
@@ -258,8 +252,6 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         cfg = self.hf_config
         if own_kernels:
-            from paternoster import kernels
-
             if not kernels.cuda_kernels_available():
                 raise ValueError("device cuda needs the CUDA kernels (paternoster._cuda_ops), "
                                  "which this build does not have: install with nvcc on PATH")
@@ -270,8 +262,6 @@ class ModelRunner:
             self.model = load_model(self.model_dir, cfg, self.dtype, ops, max_positions=cap,
                                     device=self.device)
         if own_kernels:
-            from paternoster import kernels
-
             self._kernel_hints = True
             self.workspace = kernels.alloc_decode_workspace(
                 self.device, max_num_seqs, cfg.num_attention_heads, self.num_kv_heads,
