@@ -35,12 +35,16 @@ WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4
                   torch.bfloat16: _core.WeightFormat.bfloat16}
 
 #: Above this many rows a dense (unquantized) linear layer runs on torch's GEMM
-#: (oneDNN), faster there than the core's kernel, unless batch invariance is
-#: asked for. Measured on the 2-core AVX-512 BF16 EPYC (docs/benchmarks.md,
-#: "CPU decode"): the core's GEMM alone is faster up to 4 rows and even at 8
-#: (bench/linear.py); a whole decode step at 8 is faster with the core, whose
-#: decoder stack then skips Python's per-kernel cost; at 16 torch wins.
-DENSE_CORE_MAX_TOKENS = 8
+#: (oneDNN) unless batch invariance is asked for; up to it, on the core's
+#: kernel, and a step of that many tokens through the core's decoder stack
+#: (no Python per kernel call). Measured with ``bench/decode_ab.py --compare
+#: threshold`` on the 2-core AVX-512 BF16 EPYC (docs/benchmarks.md, "CPU
+#: decode"): whole decode steps at 12, 16, 24 and 32 tokens are 1.2-1.4x faster
+#: on the core (bfloat16 dot products, weights prefetched), at 64 torch's GEMM
+#: is ~1.1x faster. Without AVX-512 BF16 the core multiplies in float32
+#: (not re-measured since): the earlier, more cautious 8 rows.
+DENSE_CORE_MAX_TOKENS = 32 if _core.linear_isa() == "avx512bf16" else 8
+
 
 def core_runs_matmuls(num_tokens: int) -> bool:
     """Whether dense linear layers of ``num_tokens`` rows run on the core's
