@@ -119,7 +119,7 @@ class LinearTest : public ::testing::TestWithParam<Case> {};
 TEST_P(LinearTest, MatchesDoubleReference) {
   const Case c = GetParam();
   std::mt19937 rng(7);
-  const int64_t m = 5, n = 37;
+  const int64_t m = 11, n = 37;  // token rows 6 + 4 + 1; column tiles 9 x 4 + 1
   Weight w(c.format, n, c.k, rng);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(m * c.k)), bias(static_cast<size_t>(n));
@@ -172,7 +172,9 @@ INSTANTIATE_TEST_SUITE_P(Formats, LinearTest,
                                            Case{WeightFormat::kQ4_0, 64},
                                            Case{WeightFormat::kQ4_1, 576}));
 
-// A row's bits do not depend on the batch around it, nor on the threads.
+// A row's bits do not depend on the batch around it, nor on the threads:
+// float32 x (every variant's float32 path) and bfloat16 x (the bfloat16
+// dot-product path where the CPU has it).
 TEST(Linear, BatchInvariant) {
   std::mt19937 rng(3);
   const int64_t k = 1536, n = 130, m = 70;
@@ -181,17 +183,25 @@ TEST(Linear, BatchInvariant) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(m * k));
     for (auto& v : x) v = normal(rng);
+    std::vector<uint16_t> xh(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xh[i] = to_bf16(x[i]);
     for (const std::string& isa : available_linear_isas()) {
-      std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
-      set_num_threads(2);
-      linear_isa_variant(isa.c_str(), all.data(), DType::kFloat32, x.data(), DType::kFloat32,
-                         w.bytes.data(), f, nullptr, m, n, k);
-      set_num_threads(1);
-      for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{33}, m - 1}) {
-        linear_isa_variant(isa.c_str(), one.data(), DType::kFloat32, x.data() + i * k,
-                           DType::kFloat32, w.bytes.data(), f, nullptr, 1, n, k);
-        EXPECT_EQ(0, std::memcmp(one.data(), all.data() + i * n, one.size() * sizeof(float)))
-            << isa << " row " << i;
+      for (DType xd : {DType::kFloat32, DType::kBFloat16}) {
+        const size_t xsize = xd == DType::kFloat32 ? sizeof(float) : sizeof(uint16_t);
+        const char* xp = xd == DType::kFloat32 ? reinterpret_cast<const char*>(x.data())
+                                               : reinterpret_cast<const char*>(xh.data());
+        std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
+        set_num_threads(2);
+        linear_isa_variant(isa.c_str(), all.data(), DType::kFloat32, xp, xd, w.bytes.data(), f,
+                           nullptr, m, n, k);
+        set_num_threads(1);
+        for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{33}, m - 1}) {
+          linear_isa_variant(isa.c_str(), one.data(), DType::kFloat32,
+                             xp + static_cast<size_t>(i * k) * xsize, xd, w.bytes.data(), f,
+                             nullptr, 1, n, k);
+          EXPECT_EQ(0, std::memcmp(one.data(), all.data() + i * n, one.size() * sizeof(float)))
+              << isa << " x dtype " << static_cast<int>(xd) << " row " << i;
+        }
       }
     }
   }
