@@ -39,11 +39,12 @@ WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4
 #: kernel, and a step of that many tokens through the core's decoder stack
 #: (no Python per kernel call). Measured with ``bench/decode_ab.py --compare
 #: threshold`` on the 2-core AVX-512 BF16 EPYC (docs/benchmarks.md, "CPU
-#: decode"): whole decode steps at 12, 16, 24 and 32 tokens are 1.2-1.4x faster
-#: on the core (bfloat16 dot products, weights prefetched), at 64 torch's GEMM
-#: is ~1.1x faster. Without AVX-512 BF16 the core multiplies in float32
-#: (not re-measured since): the earlier, more cautious 8 rows.
-DENSE_CORE_MAX_TOKENS = 32 if _core.linear_isa() == "avx512bf16" else 8
+#: decode"): whole decode steps on the core are 1.2-1.5x faster at 12 to 96
+#: tokens and ~1.05x at 128 (bfloat16 dot products, weights prefetched, six
+#: token rows per micro-kernel); longer prefill chunks keep oneDNN's blocked
+#: GEMM. Without AVX-512 BF16 the core multiplies in float32 (not re-measured
+#: since): the earlier, more cautious 8 rows.
+DENSE_CORE_MAX_TOKENS = 128 if _core.linear_isa() == "avx512bf16" else 8
 
 
 def core_runs_matmuls(num_tokens: int) -> bool:
