@@ -62,6 +62,7 @@ DecoderStack::DecoderStack(const DecoderConfig& config, std::vector<DecoderLayer
       fail(at + "projection weights must not be null");
     }
     if (!l.key_cache || !l.value_cache) fail(at + "KV caches must not be null");
+    if (!l.q_norm != !l.k_norm) fail(at + "q_norm and k_norm must both be set or both be null");
     const DecoderWeight* dense[] = {&l.qkv, &l.o, &l.gate_up, &l.down};
     for (const DecoderWeight* w : dense) {
       const bool is_dense =
@@ -111,12 +112,15 @@ void DecoderStack::forward(void* out, void* x, const int64_t* positions,
       normed = mlp;
     }
     linear(qkv, dt, normed, dt, l.qkv.data, l.qkv.format, l.qkv.bias, T, qkv_width, H);
-    rotary_embedding(positions, qkv, bytes(qkv) + q_size * elem, c_.cos_sin_cache, T,
-                     c_.num_heads, c_.num_kv_heads, D, qkv_width, qkv_width, c_.max_positions,
-                     c_.is_neox, dt);
     gather_rows(q, qkv, T, q_size, qkv_width, elem);
     gather_rows(k, bytes(qkv) + q_size * elem, T, kv_size, qkv_width, elem);
     gather_rows(v, bytes(qkv) + (q_size + kv_size) * elem, T, kv_size, qkv_width, elem);
+    if (l.q_norm) {  // every head a row of D
+      rms_norm(q, q, l.q_norm, T * c_.num_heads, D, c_.rms_norm_eps, dt);
+      rms_norm(k, k, l.k_norm, T * c_.num_kv_heads, D, c_.rms_norm_eps, dt);
+    }
+    rotary_embedding(positions, q, k, c_.cos_sin_cache, T, c_.num_heads, c_.num_kv_heads, D,
+                     q_size, kv_size, c_.max_positions, c_.is_neox, dt);
     reshape_and_cache(k, v, l.key_cache, l.value_cache, slot_mapping, T, c_.num_kv_heads, D,
                       c_.num_blocks * c_.block_size, dt);
     paged_attention(attn, q, l.key_cache, l.value_cache, block_tables, seq_lens,

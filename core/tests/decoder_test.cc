@@ -53,6 +53,10 @@ TEST(DecoderStack, RejectsBadConfigs) {
   bf16_weight.o.format = WeightFormat::kBFloat16;
   EXPECT_THROW(DecoderStack(small_config(buf.data()), {bf16_weight}, buf.data()),
                std::invalid_argument);
+  DecoderLayer q_norm_only = layer;  // per-head norms come in pairs
+  q_norm_only.q_norm = buf.data();
+  EXPECT_THROW(DecoderStack(small_config(buf.data()), {q_norm_only}, buf.data()),
+               std::invalid_argument);
 }
 
 TEST(DecoderStack, EmptyStepIsANoOp) {

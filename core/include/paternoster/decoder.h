@@ -11,6 +11,8 @@
 // [2 I, hidden] (gate rows first), o [hidden, Hq D], down [hidden, I]; biases
 // optional (null), in `dtype`; weights dense in `dtype` or quantized
 // (WeightFormat). Caches [num_blocks, block_size, Hkv, D] in `dtype`.
+// Optional per-head query/key RMSNorm weights [D] (Qwen3) normalize every
+// head of q and k after the projection, before RoPE.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,8 @@ struct DecoderLayer {
   const void* input_norm = nullptr;          // [hidden]
   const void* post_attention_norm = nullptr;  // [hidden]
   DecoderWeight qkv, o, gate_up, down;
+  const void* q_norm = nullptr;  // [head_size] or null (Qwen3's per-head norms)
+  const void* k_norm = nullptr;  // both or neither
   void* key_cache = nullptr;
   void* value_cache = nullptr;
 };
