@@ -55,11 +55,22 @@ class EagerGraphs(cuda_graphs.DecodeGraphs):
             self._graphs[size] = (Replay(), hidden)
 
 
-@pytest.fixture(scope="module")
-def hf_and_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def hf_and_dir(request, tmp_path_factory):
+    """A tiny Llama, and a tiny Qwen3 (per-head q/k norms, weights away from 1)."""
     torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.bfloat16)
-    d = tmp_path_factory.mktemp("tiny-llama-d64")
+    if request.param == "llama":
+        hf = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    else:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        hf = Qwen3ForCausalLM(Qwen3Config(**CONFIG))
+        with torch.no_grad():
+            for layer in hf.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    hf = hf.to(torch.bfloat16)
+    d = tmp_path_factory.mktemp(f"tiny-{request.param}-d64")
     hf.save_pretrained(d)
     return hf.float().eval(), d
 

@@ -28,6 +28,7 @@ class StackLayer:
         qkv, o, gate_up, down: (weight, bias or None); weights dense in the
             model dtype or quantized.
         key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``.
+        q_norm, k_norm: ``[D]`` per-head RMSNorm weights (Qwen3), both or neither.
     """
 
     input_norm: torch.Tensor
@@ -38,6 +39,8 @@ class StackLayer:
     down: tuple[Weight, torch.Tensor | None]
     key_cache: torch.Tensor
     value_cache: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
 
 
 class CpuDecoderStack:
@@ -94,6 +97,10 @@ class CpuDecoderStack:
         for cache in (layer.key_cache, layer.value_cache):
             check_tensor(cache, "kv cache", 4, dtype)
             fields.append(cache.data_ptr())
+        for norm, name in ((layer.q_norm, "q_norm"), (layer.k_norm, "k_norm")):
+            if norm is not None:
+                check_tensor(norm, name, 1, dtype)
+            fields.append(0 if norm is None else norm.data_ptr())
         return fields
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,

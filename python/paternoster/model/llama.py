@@ -124,12 +124,17 @@ class LlamaAttention(nn.Module):
         T = x.shape[0]
         qkv = kernels.linear(x, self.qkv_weight, self.qkv_bias, invariant=self.invariant)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = rope(q.view(T, self.num_heads, self.head_dim),
-                    k.view(T, self.num_kv_heads, self.head_dim))
+        q, k = rope(*self.norm_qk(q.view(T, self.num_heads, self.head_dim),
+                                  k.view(T, self.num_kv_heads, self.head_dim)))
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         out = paged_attention_layer(self.ops, q, k, v, kv_cache, attn, self.scale)
         return kernels.linear(out.view(T, self.q_size), self.o_weight, self.o_bias,
                               invariant=self.invariant)
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head normalization of q ``[T, Hq, D]`` and k ``[T, Hkv, D]``
+        before RoPE: none in Llama (Qwen3 overrides)."""
+        return q, k
 
 
 class LlamaMLP(nn.Module):
@@ -161,10 +166,11 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``h = x + attn(norm(x)); out = h + mlp(norm(h))``."""
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps, qkv_bias: bool,
-                 o_bias: bool, invariant: bool = False) -> None:
+                 o_bias: bool, invariant: bool = False,
+                 attention_cls: type[LlamaAttention] = LlamaAttention) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(config, dtype, ops, qkv_bias, o_bias, invariant)
+        self.self_attn = attention_cls(config, dtype, ops, qkv_bias, o_bias, invariant)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(config, dtype, invariant)
 
@@ -211,6 +217,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
     """
 
     qkv_bias = False  # Qwen2 overrides
+    attention_cls: type[LlamaAttention] = LlamaAttention  # Qwen3 overrides
     #: Run CPU steps whose matrix multiplies all take the core's kernels (see
     #: ``_decoder_stack``) as one call into the core's decoder stack: the
     #: same kernels in the same order, without the Python per-kernel cost.
@@ -233,7 +240,8 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         )
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, ops, qkv_bias, attention_bias, batch_invariant)
+            LlamaDecoderLayer(config, dtype, ops, qkv_bias, attention_bias, batch_invariant,
+                              self.attention_cls)
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
@@ -334,9 +342,12 @@ def embed(input_ids: torch.Tensor, table: Weight, dtype: torch.dtype) -> torch.T
 
 def _stack_layer(layer: LlamaDecoderLayer, cache: KVCache) -> kernels.StackLayer:
     attn, mlp = layer.self_attn, layer.mlp
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # Qwen3
     return kernels.StackLayer(
         input_norm=layer.input_layernorm.weight,
         post_attention_norm=layer.post_attention_layernorm.weight,
         qkv=(attn.qkv_weight, attn.qkv_bias), o=(attn.o_weight, attn.o_bias),
         gate_up=(mlp.gate_up_weight, mlp.gate_up_bias), down=(mlp.down_weight, mlp.down_bias),
-        key_cache=cache[0], value_cache=cache[1])
+        key_cache=cache[0], value_cache=cache[1],
+        q_norm=None if q_norm is None else q_norm.weight,
+        k_norm=None if k_norm is None else k_norm.weight)

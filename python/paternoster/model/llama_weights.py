@@ -59,6 +59,9 @@ class LlamaWeights:
             "input_layernorm.weight": (layer.input_layernorm, "weight", 0, h),
             "post_attention_layernorm.weight": (layer.post_attention_layernorm, "weight", 0, h),
         }
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3
+            table["self_attn.q_norm.weight"] = (attn.q_norm, "weight", 0, attn.head_dim)
+            table["self_attn.k_norm.weight"] = (attn.k_norm, "weight", 0, attn.head_dim)
         target = table.get(rest)
         if target is None or getattr(target[0], target[1]) is None:
             return None
@@ -186,6 +189,8 @@ class LlamaWeights:
                 names.append(f"model.layers.{i}.self_attn.o_proj.bias")
             if mlp.gate_up_bias is not None:
                 names += [f"model.layers.{i}.mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
+            if getattr(attn, "q_norm", None) is not None:
+                names += [f"model.layers.{i}.self_attn.{p}_norm.weight" for p in "qk"]
         return [name for name in names if name not in loaded]
 
 

@@ -16,6 +16,7 @@ import torch
 from paternoster.model.attention import AttentionOps
 from paternoster.model.gguf import gguf_weights, is_gguf, load_gguf_config
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from paternoster.model.qwen3 import Qwen3ForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +24,10 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                "qwen2": "Qwen2ForCausalLM"}
+                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
