@@ -19,7 +19,8 @@ QTYPES = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
 _LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
           "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
           "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+          "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -29,8 +30,11 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "q8_0",
-                     layer_types: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
-    """Write ``hf_model`` (an HF ``LlamaForCausalLM``) to ``path``.
+                     layer_types: dict[str, str] | None = None,
+                     arch: str = "llama") -> dict[str, torch.Tensor]:
+    """Write ``hf_model`` (an HF ``LlamaForCausalLM``, or ``Qwen3ForCausalLM``
+    with ``arch="qwen3"``: no q/k row permutation, the head size as the key
+    and value lengths, the per-head q/k norms) to ``path``.
 
     Args:
         matrix_type: GGUF type of the layer matrices (``q8_0``, ``q4_0``,
@@ -42,7 +46,8 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
         dequantized by gguf-py and un-permuted (the reference weights).
     """
     cfg = hf_model.config
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), arch)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -52,7 +57,10 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_rope_dimension_count(head_dim)
+    if arch == "qwen3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_file_type(1)
     # A byte-level BPE vocabulary of the right size, so transformers can read the file.
     tokens = ["<s>", "</s>", "<unk>", "a", "b", "ab"]
@@ -73,7 +81,9 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
             continue
         array = tensor.float().numpy()
         heads = None
-        if name.endswith("q_proj.weight"):
+        if arch != "llama":
+            pass  # llama.cpp permutes Llama's q/k rows only
+        elif name.endswith("q_proj.weight"):
             heads = cfg.num_attention_heads
         elif name.endswith("k_proj.weight"):
             heads = cfg.num_key_value_heads

@@ -105,7 +105,7 @@ def test_unsupported_types_and_architectures_are_refused(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="not supported; supported: llama, qwen2"):
+    with pytest.raises(ValueError, match="not supported; supported: llama, qwen2, qwen3"):
         load_gguf_config(other)
 
 
@@ -145,3 +145,27 @@ def test_served_name_is_the_file_name_without_suffix(tmp_path):
     llm = LLM(str(path), num_threads=1, max_model_len=128)
     assert llm.engine.info["model"] == "tiny.Q4_0"
     assert llm.engine.info["batch_invariant"] is False
+
+
+def test_qwen3_gguf_logits_match_hf(tmp_path):
+    """A qwen3 GGUF (head size from the key length, per-head q/k norms, no
+    row permutation), Q8_0 matrices kept quantized: logits match HF's Qwen3
+    on the file's dequantized weights."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(9)
+    hf = Qwen3ForCausalLM(Qwen3Config(**TINY, head_dim=48, tie_word_embeddings=True,
+                                      rope_theta=10000.0)).float().eval()
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    path = tmp_path / "tiny-qwen3-q8_0.gguf"
+    hf = _reference(hf, write_llama_gguf(hf, path, "q8_0", arch="qwen3"))
+    runner = _runner(path)
+    assert type(runner.model).__name__ == "Qwen3ForCausalLM"
+    assert runner.model.layers[0].self_attn.head_dim == 48
+    assert isinstance(runner.model.layers[0].mlp.down_weight, QuantizedWeight)
+    tokens = list(range(3, 40))
+    ours = runner.compute_logits(BatchMaker(128, BLOCK_SIZE).batch([Chunk("a", tokens, 0, 37)]))
+    assert (ours - hf_logits(hf, tokens)).abs().max() < 1e-4

@@ -29,7 +29,8 @@ import torch
 from paternoster.kernels.quant import QuantizedWeight
 
 #: GGUF ``general.architecture`` values served, and the HF class they load as.
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                      "qwen3": "Qwen3ForCausalLM"}
 #: GGUF tensor types kept quantized, by our format name.
 QUANTIZED_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 #: GGUF tensor types loaded dense.
@@ -45,6 +46,8 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",  # qwen3
+    "attn_k_norm": "self_attn.k_norm",
 }
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -81,7 +84,8 @@ def load_gguf_config(path: str | Path):
         ValueError: an architecture other than :data:`GGUF_ARCHITECTURES`
             (the message lists them).
     """
-    arch = gguf_architecture(path)
+    reader = _reader(path)
+    arch = _architecture(reader, path)
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; "
                          f"supported: {', '.join(GGUF_ARCHITECTURES)}")
@@ -90,6 +94,11 @@ def load_gguf_config(path: str | Path):
     p = Path(path)
     config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
     config.architectures = [GGUF_ARCHITECTURES[arch]]
+    # transformers maps no head size for qwen3 (its config then defaults to
+    # 128): llama.cpp writes it as the key length.
+    key_length = _int_field(reader, f"{arch}.attention.key_length")
+    if key_length is not None:
+        config.head_dim = key_length
     # Activations and KV cache in bfloat16 under --dtype auto (the weights keep their types).
     config.dtype = "bfloat16"
     # transformers' GGUF config mapping leaves the file's type; weights carry theirs.
@@ -174,6 +183,11 @@ def unpermute_rows(weight: torch.Tensor | QuantizedWeight,
     if isinstance(weight, QuantizedWeight):
         return QuantizedWeight(moved, weight.format, weight.in_features)
     return moved
+
+
+def _int_field(reader, key: str) -> int | None:
+    field = reader.fields.get(key)
+    return None if field is None else int(field.parts[field.data[0]][0])
 
 
 def _reader(path: str | Path):
