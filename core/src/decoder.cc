@@ -119,8 +119,10 @@ void DecoderStack::forward(void* out, void* x, const int64_t* positions,
       rms_norm(q, q, l.q_norm, T * c_.num_heads, D, c_.rms_norm_eps, dt);
       rms_norm(k, k, l.k_norm, T * c_.num_kv_heads, D, c_.rms_norm_eps, dt);
     }
-    rotary_embedding(positions, q, k, c_.cos_sin_cache, T, c_.num_heads, c_.num_kv_heads, D,
-                     q_size, kv_size, c_.max_positions, c_.is_neox, dt);
+    if (l.use_rope) {
+      rotary_embedding(positions, q, k, c_.cos_sin_cache, T, c_.num_heads, c_.num_kv_heads, D,
+                       q_size, kv_size, c_.max_positions, c_.is_neox, dt);
+    }
     reshape_and_cache(k, v, l.key_cache, l.value_cache, slot_mapping, T, c_.num_kv_heads, D,
                       c_.num_blocks * c_.block_size, dt);
     paged_attention(attn, q, l.key_cache, l.value_cache, block_tables, seq_lens,

@@ -55,12 +55,17 @@ class EagerGraphs(cuda_graphs.DecodeGraphs):
             self._graphs[size] = (Replay(), hidden)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "smollm3"])
 def hf_and_dir(request, tmp_path_factory):
-    """A tiny Llama, and a tiny Qwen3 (per-head q/k norms, weights away from 1)."""
+    """A tiny Llama, a tiny Qwen3 (per-head q/k norms, weights away from 1) and
+    a tiny SmolLM3 (its second layer without RoPE)."""
     torch.manual_seed(0)
     if request.param == "llama":
         hf = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    elif request.param == "smollm3":
+        from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+        hf = SmolLM3ForCausalLM(SmolLM3Config(**CONFIG, no_rope_layers=[1, 0], pad_token_id=0))
     else:
         from transformers import Qwen3Config, Qwen3ForCausalLM
 

@@ -35,6 +35,7 @@ struct DecoderLayer {
   DecoderWeight qkv, o, gate_up, down;
   const void* q_norm = nullptr;  // [head_size] or null (Qwen3's per-head norms)
   const void* k_norm = nullptr;  // both or neither
+  bool use_rope = true;          // false: no RoPE in this layer (SmolLM3's NoPE layers)
   void* key_cache = nullptr;
   void* value_cache = nullptr;
 };

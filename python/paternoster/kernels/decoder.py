@@ -29,6 +29,7 @@ class StackLayer:
             model dtype or quantized.
         key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``.
         q_norm, k_norm: ``[D]`` per-head RMSNorm weights (Qwen3), both or neither.
+        use_rope: False for a layer without RoPE (SmolLM3's NoPE layers).
     """
 
     input_norm: torch.Tensor
@@ -41,6 +42,7 @@ class StackLayer:
     value_cache: torch.Tensor
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    use_rope: bool = True
 
 
 class CpuDecoderStack:
@@ -101,6 +103,7 @@ class CpuDecoderStack:
             if norm is not None:
                 check_tensor(norm, name, 1, dtype)
             fields.append(0 if norm is None else norm.data_ptr())
+        fields.append(int(layer.use_rope))
         return fields
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,

@@ -1,4 +1,4 @@
-"""The model side: our Llama/Qwen2/Qwen3 modules over a paged KV cache, weight loading,
+"""The model side: our Llama/Qwen2/Qwen3/SmolLM3 modules over a paged KV cache, weight loading,
 the ModelRunner, the Sampler and the embedded default model.
 
 Modules (import them directly; this package imports nothing heavy):
@@ -6,6 +6,7 @@ Modules (import them directly; this package imports nothing heavy):
     loader         architecture registry, dtype resolution, safetensors loading
     llama          LlamaForCausalLM (Llama 2/3, SmolLM2, Mistral) and Qwen2ForCausalLM
     qwen3          Qwen3ForCausalLM (per-head q/k RMSNorm)
+    smollm3        SmolLM3ForCausalLM (no RoPE in every fourth layer)
     rope           rotary embedding tables (default, linear, llama3 scaling)
     attention      AttentionMetadata and the per-layer paged-attention step
     runner         ModelRunner: model + KV cache, one forward per engine step

@@ -98,8 +98,11 @@ class LlamaAttention(nn.Module):
     ``qkv_proj.weight`` is [(Hq + 2 Hkv) * D, H]: rows of q, then k, then v.
     Weights are dense parameters or, once loaded so, quantized
     (:class:`~paternoster.kernels.QuantizedWeight`); ``invariant`` asks the
-    linear kernels for batch-invariant results.
+    linear kernels for batch-invariant results; ``use_rope`` False skips RoPE
+    (SmolLM3's NoPE layers).
     """
+
+    use_rope = True
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps, qkv_bias: bool,
                  o_bias: bool, invariant: bool = False) -> None:
@@ -124,8 +127,10 @@ class LlamaAttention(nn.Module):
         T = x.shape[0]
         qkv = kernels.linear(x, self.qkv_weight, self.qkv_bias, invariant=self.invariant)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = rope(*self.norm_qk(q.view(T, self.num_heads, self.head_dim),
-                                  k.view(T, self.num_kv_heads, self.head_dim)))
+        q, k = self.norm_qk(q.view(T, self.num_heads, self.head_dim),
+                            k.view(T, self.num_kv_heads, self.head_dim))
+        if self.use_rope:
+            q, k = rope(q, k)
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         out = paged_attention_layer(self.ops, q, k, v, kv_cache, attn, self.scale)
         return kernels.linear(out.view(T, self.q_size), self.o_weight, self.o_bias,
@@ -350,4 +355,4 @@ def _stack_layer(layer: LlamaDecoderLayer, cache: KVCache) -> kernels.StackLayer
         gate_up=(mlp.gate_up_weight, mlp.gate_up_bias), down=(mlp.down_weight, mlp.down_bias),
         key_cache=cache[0], value_cache=cache[1],
         q_norm=None if q_norm is None else q_norm.weight,
-        k_norm=None if k_norm is None else k_norm.weight)
+        k_norm=None if k_norm is None else k_norm.weight, use_rope=attn.use_rope)
