@@ -55,13 +55,23 @@ class EagerGraphs(cuda_graphs.DecodeGraphs):
             self._graphs[size] = (Replay(), hidden)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "smollm3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "smollm3", "qwen3_moe"])
 def hf_and_dir(request, tmp_path_factory):
-    """A tiny Llama, a tiny Qwen3 (per-head q/k norms, weights away from 1) and
-    a tiny SmolLM3 (its second layer without RoPE)."""
+    """A tiny Llama, a tiny Qwen3 (per-head q/k norms, weights away from 1), a
+    tiny SmolLM3 (its second layer without RoPE) and a tiny Qwen3-MoE (4
+    experts, 2 per token, a random router)."""
     torch.manual_seed(0)
     if request.param == "llama":
         hf = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    elif request.param == "qwen3_moe":
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**CONFIG, moe_intermediate_size=64,
+                                                num_experts=4, num_experts_per_tok=2,
+                                                pad_token_id=0))
+        with torch.no_grad():
+            for layer in hf.model.layers:
+                layer.mlp.gate.weight.normal_(0, 1.0)
     elif request.param == "smollm3":
         from transformers import SmolLM3Config, SmolLM3ForCausalLM
 

@@ -1,4 +1,4 @@
-"""The model side: our Llama/Qwen2/Qwen3/SmolLM3 modules over a paged KV cache, weight loading,
+"""The model side: our Llama/Qwen2/Qwen3(-MoE)/SmolLM3 modules over a paged KV cache, weight loading,
 the ModelRunner, the Sampler and the embedded default model.
 
 Modules (import them directly; this package imports nothing heavy):
@@ -6,6 +6,8 @@ Modules (import them directly; this package imports nothing heavy):
     loader         architecture registry, dtype resolution, safetensors loading
     llama          LlamaForCausalLM (Llama 2/3, SmolLM2, Mistral) and Qwen2ForCausalLM
     qwen3          Qwen3ForCausalLM (per-head q/k RMSNorm)
+    qwen3_moe      Qwen3MoeForCausalLM (Qwen3 attention, routed experts)
+    moe            SparseMoeBlock: top-k routed SwiGLU experts, grouped per expert
     smollm3        SmolLM3ForCausalLM (no RoPE in every fourth layer)
     rope           rotary embedding tables (default, linear, llama3 scaling)
     attention      AttentionMetadata and the per-layer paged-attention step

@@ -172,12 +172,14 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps, qkv_bias: bool,
                  o_bias: bool, invariant: bool = False,
-                 attention_cls: type[LlamaAttention] = LlamaAttention) -> None:
+                 attention_cls: type[LlamaAttention] = LlamaAttention,
+                 mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.self_attn = attention_cls(config, dtype, ops, qkv_bias, o_bias, invariant)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.mlp = LlamaMLP(config, dtype, invariant)
+        # The feed-forward block: [T, H] -> [T, H] (a SwiGLU MLP unless given).
+        self.mlp = mlp if mlp is not None else LlamaMLP(config, dtype, invariant)
 
     def forward(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None,
                 kv_cache: KVCache, attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,11 +248,17 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, dtype, ops, qkv_bias, attention_bias, batch_invariant,
-                              self.attention_cls)
-            for _ in range(config.num_hidden_layers)
+                              self.attention_cls,
+                              self.make_mlp(config, dtype, i, batch_invariant))
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = self.embed_tokens  # replaced by load_weights if untied
+
+    def make_mlp(self, config, dtype: torch.dtype, index: int, invariant: bool) -> nn.Module:
+        """Layer ``index``'s feed-forward block: the dense SwiGLU MLP (MoE
+        models override)."""
+        return LlamaMLP(config, dtype, invariant)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata, kv_caches: list[KVCache]) -> torch.Tensor:

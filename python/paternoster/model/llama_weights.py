@@ -16,6 +16,7 @@ from torch import nn
 
 from paternoster.kernels import QuantizedWeight
 from paternoster.kernels.quant import cat_rows
+from paternoster.model.moe import SparseMoeBlock
 
 Weight = torch.Tensor | QuantizedWeight
 
@@ -41,6 +42,8 @@ class LlamaWeights:
         layer = self.layers[int(index)]
         attn, mlp = layer.self_attn, layer.mlp
         q, kv, h = attn.q_size, attn.kv_size, self.config.hidden_size
+        if isinstance(mlp, SparseMoeBlock) and rest.startswith("mlp."):
+            return _expert_target(mlp, rest)
         table = {
             "self_attn.q_proj.weight": (attn, "qkv_weight", 0, q),
             "self_attn.k_proj.weight": (attn, "qkv_weight", q, kv),
@@ -187,11 +190,34 @@ class LlamaWeights:
                 names += [f"model.layers.{i}.self_attn.{p}_proj.bias" for p in "qkv"]
             if attn.o_bias is not None:
                 names.append(f"model.layers.{i}.self_attn.o_proj.bias")
-            if mlp.gate_up_bias is not None:
+            if isinstance(mlp, SparseMoeBlock):
+                names.remove(f"model.layers.{i}.mlp.gate_proj.weight")
+                names.remove(f"model.layers.{i}.mlp.up_proj.weight")
+                names.remove(f"model.layers.{i}.mlp.down_proj.weight")
+                names.append(f"model.layers.{i}.mlp.gate.weight")
+                names += [f"model.layers.{i}.mlp.experts.{e}.{p}_proj.weight"
+                          for e in range(mlp.num_experts) for p in ("gate", "up", "down")]
+            elif mlp.gate_up_bias is not None:
                 names += [f"model.layers.{i}.mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
             if getattr(attn, "q_norm", None) is not None:
                 names += [f"model.layers.{i}.self_attn.{p}_norm.weight" for p in "qk"]
         return [name for name in names if name not in loaded]
+
+
+def _expert_target(moe: SparseMoeBlock, rest: str) -> tuple[nn.Module, str, int, int] | None:
+    """HF's ``mlp.gate.weight`` / ``mlp.experts.{e}.{gate,up,down}_proj.weight``
+    -> rows of the block's stacked parameters."""
+    if rest == "mlp.gate.weight":
+        return moe, "router_weight", 0, moe.num_experts
+    parts = rest.split(".")  # mlp experts e proj weight
+    if len(parts) != 5 or parts[1] != "experts" or not parts[2].isdigit() or parts[4] != "weight":
+        return None
+    e, i, h = int(parts[2]), moe.inter, moe.hidden
+    if e >= moe.num_experts:
+        return None
+    return {"gate_proj": (moe, "gate_up_weight", e * 2 * i, i),
+            "up_proj": (moe, "gate_up_weight", e * 2 * i + i, i),
+            "down_proj": (moe, "down_weight", e * h, h)}.get(parts[3])
 
 
 def _copy_rows(name: str, param: torch.Tensor, start: int, rows: int,

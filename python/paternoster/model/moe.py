@@ -1,0 +1,84 @@
+"""Sparse mixture-of-experts feed-forward block (Shazeer et al. 2017, "Outrageously
+Large Neural Networks"; top-k softmax routing as in Mixtral, Jiang et al. 2024,
+and Qwen3-MoE): each token goes to its ``top_k`` highest-scoring experts, each
+a SwiGLU MLP, and their outputs are summed with the routing weights.
+
+Experts are computed grouped: the step's (token, expert) pairs are sorted by
+expert and each expert multiplies all of its tokens in one matmul, rather than
+one token (or one request) at a time.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from paternoster import kernels
+
+
+class SparseMoeBlock(nn.Module):
+    """Top-k routed SwiGLU experts.
+
+    Parameters (dense, model dtype), experts stacked along the rows so each
+    expert's matrix is a contiguous 2-D slice:
+
+    - ``router_weight`` ``[E, H]`` (HF ``mlp.gate.weight``);
+    - ``gate_up_weight`` ``[E * 2I, H]``: expert e's gate rows, then its up rows,
+      at ``[e * 2I, (e + 1) * 2I)``;
+    - ``down_weight`` ``[E * H, I]``: expert e's at ``[e * H, (e + 1) * H)``.
+
+    Args:
+        hidden: H. inter: I (per expert). num_experts: E. top_k: experts per token.
+        norm_topk_prob: renormalize the top-k probabilities to sum to 1.
+    Raises:
+        ValueError: ``top_k`` outside ``[1, num_experts]``.
+    """
+
+    def __init__(self, hidden: int, inter: int, num_experts: int, top_k: int,
+                 norm_topk_prob: bool, dtype: torch.dtype, invariant: bool = False) -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok must be in [1, {num_experts}], got {top_k}")
+        self.hidden, self.inter = hidden, inter
+        self.num_experts, self.top_k = num_experts, top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.invariant = invariant
+        empty = lambda *shape: nn.Parameter(torch.empty(*shape, dtype=dtype),  # noqa: E731
+                                            requires_grad=False)
+        self.router_weight = empty(num_experts, hidden)
+        self.gate_up_weight = empty(num_experts * 2 * inter, hidden)
+        self.down_weight = empty(num_experts * hidden, inter)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x ``[T, H]`` -> (weights ``[T, k]`` in x's dtype, expert ids int64
+        ``[T, k]``): softmax over the router logits in float32, the top k,
+        renormalized if the config says so (HF Qwen3-MoE/Mixtral order)."""
+        logits = kernels.linear(x, self.router_weight, invariant=self.invariant)
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[T, H]`` -> ``[T, H]``: the routed experts' outputs, weighted and summed."""
+        weights, experts = self.route(x)
+        out = torch.zeros_like(x)
+        flat = experts.flatten()  # pair p = token p // k, slot p % k
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        start = 0
+        two_i, h = 2 * self.inter, self.hidden
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            pairs = order[start:start + n]
+            start += n
+            tokens = pairs // self.top_k
+            gate_up = kernels.linear(x[tokens], self.gate_up_weight[e * two_i:(e + 1) * two_i],
+                                     invariant=self.invariant)
+            y = kernels.linear(kernels.silu_and_mul(gate_up),
+                               self.down_weight[e * h:(e + 1) * h], invariant=self.invariant)
+            y = y * weights.flatten()[pairs, None]
+            out.index_add_(0, tokens, y)
+        return out
