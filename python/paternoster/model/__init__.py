@@ -1,5 +1,5 @@
-"""The model side: our Llama/Qwen2/Qwen3(-MoE)/SmolLM3 modules over a paged KV cache, weight loading,
-the ModelRunner, the Sampler and the embedded default model.
+"""The model side: our Llama/Qwen2/Qwen3(-MoE)/SmolLM3 modules over a paged KV
+cache, weight loading, the ModelRunner, the Sampler and the embedded default model.
 
 Modules (import them directly; this package imports nothing heavy):
     default_model  SmolLM2-135M-Instruct, converted once from the bundled GGUF
