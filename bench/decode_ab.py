@@ -59,9 +59,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     args = ap.parse_args()
 
-    from paternoster import LLM, SamplingParams
+    from paternoster import LLM
     from paternoster.bench.roofline import machine_info
-    from paternoster.engine.messages import EngineCoreRequest
 
     batches = [int(b) for b in args.batches.split(",")]
     kwargs = dict(dtype="bfloat16", num_threads=args.threads, max_model_len=4096,
@@ -70,37 +69,60 @@ def main() -> None:
     engine = llm.engine
     choices = setters(engine, args.compare, [v for v in args.values.split(",") if v])
     print(machine_info())
+    run_ab(engine, choices, batches, args.rounds, args.steps, args.prompt_len,
+           len(llm.tokenizer), args.compare)
+
+
+def run_ab(engine, choices: dict[str, Callable[[], None]], batches: list[int], rounds: int,
+           steps: int, prompt_len: int, vocab: int, name: str) -> dict[int, dict[str, float]]:
+    """Interleaved A/B of ``choices`` on decode steps of each batch size.
+
+    Args:
+        engine: an :class:`~paternoster.engine.core.EngineCore`.
+        choices: label -> a function applying that setting.
+        rounds, steps: rounds of ``steps`` timed steps per setting (after one
+            untimed warm-up round and one untimed step after each change).
+        prompt_len, vocab: random prompts of this length over ``[3, vocab)``.
+    Returns:
+        batch -> label -> median step ms over the rounds (also printed).
+    """
+    from paternoster import SamplingParams
+    from paternoster.engine.messages import EngineCoreRequest
+
     rng = random.Random(0)
-    need = (args.rounds + 1) * len(choices) * (args.steps + 1) + 8
+    need = (rounds + 1) * len(choices) * (steps + 1) + 8
     params = SamplingParams(temperature=0.0, max_tokens=need, ignore_eos=True)
+    results: dict[int, dict[str, float]] = {}
     for b in batches:
         ids = [f"ab{b}-{i}" for i in range(b)]
         for rid in ids:
-            prompt = [rng.randrange(3, len(llm.tokenizer)) for _ in range(args.prompt_len)]
+            prompt = [rng.randrange(3, vocab) for _ in range(prompt_len)]
             engine.add_request(EngineCoreRequest(rid, prompt, params))
         for _ in range(4):  # prefill and warm-up
             engine.step()
         medians: dict[str, list[float]] = {label: [] for label in choices}
         for apply in choices.values():  # a warm-up round, not timed
             apply()
-            for _ in range(args.steps):
+            for _ in range(steps):
                 engine.step()
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for label, apply in choices.items():
                 apply()
                 engine.step()  # the first step after a change is not timed
                 times = []
-                for _ in range(args.steps):
+                for _ in range(steps):
                     t = time.perf_counter()
                     engine.step()
                     times.append(time.perf_counter() - t)
                 medians[label].append(1e3 * statistics.median(times))
         engine.abort_requests(ids)
-        print(f"\nbatch {b} ({args.compare}): median step ms per round, then overall")
+        print(f"\nbatch {b} ({name}): median step ms per round, then overall")
+        results[b] = {}
         for label, ms in medians.items():
+            results[b][label] = statistics.median(ms)
             print(f"  {label:>8}: {' '.join(f'{m:6.2f}' for m in ms)}  | "
                   f"{statistics.median(ms):6.2f} ms = {1e3 * b / statistics.median(ms):6.1f} tok/s")
-
+    return results
 
 if __name__ == "__main__":
     main()

@@ -82,3 +82,18 @@ def test_bad_top_k_is_refused():
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         SparseMoeBlock(8, 4, num_experts=4, top_k=5, norm_topk_prob=True,
                        dtype=torch.float32)
+
+
+def test_one_token_alone_equals_its_row_in_a_batch():
+    """The one-token path (decode of a single sequence) adds the same expert
+    outputs in the same order as the grouped path: bit-identical rows with
+    the batch-invariant linear kernels."""
+    torch.manual_seed(5)
+    block = SparseMoeBlock(32, 16, num_experts=8, top_k=3, norm_topk_prob=True,
+                           dtype=torch.float32, invariant=True)
+    for p in block.parameters():
+        p.data.normal_(0, 0.5)
+    x = torch.randn(6, 32)
+    together = block(x)
+    for i in range(6):
+        assert torch.equal(block(x[i:i + 1])[0], together[i])

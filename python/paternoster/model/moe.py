@@ -64,21 +64,29 @@ class SparseMoeBlock(nn.Module):
         """x ``[T, H]`` -> ``[T, H]``: the routed experts' outputs, weighted and summed."""
         weights, experts = self.route(x)
         out = torch.zeros_like(x)
+        if x.shape[0] == 1:  # one token: no grouping to do, the same sums in the same order
+            ids = experts[0].tolist()
+            for s in sorted(range(self.top_k), key=ids.__getitem__):
+                out += self._expert(x, ids[s]) * weights[0, s]
+            return out
         flat = experts.flatten()  # pair p = token p // k, slot p % k
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         start = 0
-        two_i, h = 2 * self.inter, self.hidden
         for e, n in enumerate(counts):
             if n == 0:
                 continue
             pairs = order[start:start + n]
             start += n
             tokens = pairs // self.top_k
-            gate_up = kernels.linear(x[tokens], self.gate_up_weight[e * two_i:(e + 1) * two_i],
-                                     invariant=self.invariant)
-            y = kernels.linear(kernels.silu_and_mul(gate_up),
-                               self.down_weight[e * h:(e + 1) * h], invariant=self.invariant)
-            y = y * weights.flatten()[pairs, None]
+            y = self._expert(x[tokens], e) * weights.flatten()[pairs, None]
             out.index_add_(0, tokens, y)
         return out
+
+    def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        """Expert ``e``'s SwiGLU MLP on rows x ``[n, H]`` -> ``[n, H]``."""
+        two_i, h = 2 * self.inter, self.hidden
+        gate_up = kernels.linear(x, self.gate_up_weight[e * two_i:(e + 1) * two_i],
+                                 invariant=self.invariant)
+        return kernels.linear(kernels.silu_and_mul(gate_up),
+                              self.down_weight[e * h:(e + 1) * h], invariant=self.invariant)
