@@ -9,6 +9,7 @@ Modules (import them directly; this package imports nothing heavy):
     qwen3_moe      Qwen3MoeForCausalLM (Qwen3 attention, routed experts)
     moe            SparseMoeBlock: top-k routed SwiGLU experts, grouped per expert
     smollm3        SmolLM3ForCausalLM (no RoPE in every fourth layer)
+    phi3           Phi3ForCausalLM (fused projections in the checkpoint)
     rope           rotary embedding tables (default, linear, llama3 scaling)
     attention      AttentionMetadata and the per-layer paged-attention step
     runner         ModelRunner: model + KV cache, one forward per engine step

@@ -45,6 +45,7 @@ class LlamaWeights:
         if isinstance(mlp, SparseMoeBlock) and rest.startswith("mlp."):
             return _expert_target(mlp, rest)
         table = {
+            "self_attn.qkv_proj.weight": (attn, "qkv_weight", 0, q + 2 * kv),  # Phi-3: fused
             "self_attn.q_proj.weight": (attn, "qkv_weight", 0, q),
             "self_attn.k_proj.weight": (attn, "qkv_weight", q, kv),
             "self_attn.v_proj.weight": (attn, "qkv_weight", q + kv, kv),
@@ -53,6 +54,7 @@ class LlamaWeights:
             "self_attn.v_proj.bias": (attn, "qkv_bias", q + kv, kv),
             "self_attn.o_proj.weight": (attn, "o_weight", 0, h),
             "self_attn.o_proj.bias": (attn, "o_bias", 0, h),
+            "mlp.gate_up_proj.weight": (mlp, "gate_up_weight", 0, 2 * mlp.inter),  # Phi-3
             "mlp.gate_proj.weight": (mlp, "gate_up_weight", 0, mlp.inter),
             "mlp.up_proj.weight": (mlp, "gate_up_weight", mlp.inter, mlp.inter),
             "mlp.gate_proj.bias": (mlp, "gate_up_bias", 0, mlp.inter),
@@ -201,6 +203,14 @@ class LlamaWeights:
                 names += [f"model.layers.{i}.mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
             if getattr(attn, "q_norm", None) is not None:
                 names += [f"model.layers.{i}.self_attn.{p}_norm.weight" for p in "qk"]
+        fused = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight",
+                                               "self_attn.k_proj.weight",
+                                               "self_attn.v_proj.weight"),
+                 "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+        for i in range(len(self.layers)):  # a fused matrix stands for its parts
+            for whole, parts in fused.items():
+                if f"model.layers.{i}.{whole}" in loaded:
+                    loaded = loaded | {f"model.layers.{i}.{p}" for p in parts}
         return [name for name in names if name not in loaded]
 
 
