@@ -8,6 +8,7 @@ Modules (import them directly; this package imports nothing heavy):
     qwen3          Qwen3ForCausalLM (per-head q/k RMSNorm)
     qwen3_moe      Qwen3MoeForCausalLM (Qwen3 attention, routed experts)
     moe            SparseMoeBlock: top-k routed SwiGLU experts, grouped per expert
+    mixtral        MixtralForCausalLM (Mistral attention, routed experts)
     smollm3        SmolLM3ForCausalLM (no RoPE in every fourth layer)
     phi3           Phi3ForCausalLM (fused projections in the checkpoint)
     rope           rotary embedding tables (default, linear, llama3 scaling)

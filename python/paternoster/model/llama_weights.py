@@ -42,7 +42,7 @@ class LlamaWeights:
         layer = self.layers[int(index)]
         attn, mlp = layer.self_attn, layer.mlp
         q, kv, h = attn.q_size, attn.kv_size, self.config.hidden_size
-        if isinstance(mlp, SparseMoeBlock) and rest.startswith("mlp."):
+        if isinstance(mlp, SparseMoeBlock) and rest.startswith(mlp.checkpoint_names[0] + "."):
             return _expert_target(mlp, rest)
         table = {
             "self_attn.qkv_proj.weight": (attn, "qkv_weight", 0, q + 2 * kv),  # Phi-3: fused
@@ -196,9 +196,10 @@ class LlamaWeights:
                 names.remove(f"model.layers.{i}.mlp.gate_proj.weight")
                 names.remove(f"model.layers.{i}.mlp.up_proj.weight")
                 names.remove(f"model.layers.{i}.mlp.down_proj.weight")
-                names.append(f"model.layers.{i}.mlp.gate.weight")
-                names += [f"model.layers.{i}.mlp.experts.{e}.{p}_proj.weight"
-                          for e in range(mlp.num_experts) for p in ("gate", "up", "down")]
+                prefix, *projs = mlp.checkpoint_names
+                names.append(f"model.layers.{i}.{prefix}.gate.weight")
+                names += [f"model.layers.{i}.{prefix}.experts.{e}.{p}.weight"
+                          for e in range(mlp.num_experts) for p in projs]
             elif mlp.gate_up_bias is not None:
                 names += [f"model.layers.{i}.mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
             if getattr(attn, "q_norm", None) is not None:
@@ -215,19 +216,20 @@ class LlamaWeights:
 
 
 def _expert_target(moe: SparseMoeBlock, rest: str) -> tuple[nn.Module, str, int, int] | None:
-    """HF's ``mlp.gate.weight`` / ``mlp.experts.{e}.{gate,up,down}_proj.weight``
-    -> rows of the block's stacked parameters."""
-    if rest == "mlp.gate.weight":
+    """HF's ``{prefix}.gate.weight`` / ``{prefix}.experts.{e}.{proj}.weight``
+    (``moe.checkpoint_names``) -> rows of the block's stacked parameters."""
+    prefix, gate, up, down = moe.checkpoint_names
+    if rest == f"{prefix}.gate.weight":
         return moe, "router_weight", 0, moe.num_experts
-    parts = rest.split(".")  # mlp experts e proj weight
+    parts = rest.split(".")  # prefix experts e proj weight
     if len(parts) != 5 or parts[1] != "experts" or not parts[2].isdigit() or parts[4] != "weight":
         return None
     e, i, h = int(parts[2]), moe.inter, moe.hidden
     if e >= moe.num_experts:
         return None
-    return {"gate_proj": (moe, "gate_up_weight", e * 2 * i, i),
-            "up_proj": (moe, "gate_up_weight", e * 2 * i + i, i),
-            "down_proj": (moe, "down_weight", e * h, h)}.get(parts[3])
+    return {gate: (moe, "gate_up_weight", e * 2 * i, i),
+            up: (moe, "gate_up_weight", e * 2 * i + i, i),
+            down: (moe, "down_weight", e * h, h)}.get(parts[3])
 
 
 def _copy_rows(name: str, param: torch.Tensor, start: int, rows: int,

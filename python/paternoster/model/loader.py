@@ -16,6 +16,7 @@ import torch
 from paternoster.model.attention import AttentionOps
 from paternoster.model.gguf import gguf_weights, is_gguf, load_gguf_config
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from paternoster.model.mixtral import MixtralForCausalLM
 from paternoster.model.phi3 import Phi3ForCausalLM
 from paternoster.model.qwen3 import Qwen3ForCausalLM
 from paternoster.model.qwen3_moe import Qwen3MoeForCausalLM
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
@@ -33,7 +35,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                "phi3": "Phi3ForCausalLM",
+                "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "qwen3_moe": "Qwen3MoeForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

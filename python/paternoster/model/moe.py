@@ -30,13 +30,19 @@ class SparseMoeBlock(nn.Module):
     Args:
         hidden: H. inter: I (per expert). num_experts: E. top_k: experts per token.
         norm_topk_prob: renormalize the top-k probabilities to sum to 1.
+        checkpoint_names: the HF names under the layer: the block's prefix and
+            each expert's gate, up and down matrices (Qwen3-MoE's by default;
+            Mixtral's are ``block_sparse_moe`` and ``w1``, ``w3``, ``w2``).
     Raises:
         ValueError: ``top_k`` outside ``[1, num_experts]``.
     """
 
     def __init__(self, hidden: int, inter: int, num_experts: int, top_k: int,
-                 norm_topk_prob: bool, dtype: torch.dtype, invariant: bool = False) -> None:
+                 norm_topk_prob: bool, dtype: torch.dtype, invariant: bool = False,
+                 checkpoint_names: tuple[str, str, str, str] = (
+                     "mlp", "gate_proj", "up_proj", "down_proj")) -> None:
         super().__init__()
+        self.checkpoint_names = checkpoint_names
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok must be in [1, {num_experts}], got {top_k}")
         self.hidden, self.inter = hidden, inter
