@@ -79,3 +79,50 @@ def hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:
     """HF transformers' own forward: float32 logits [len(tokens), V]."""
     with torch.inference_mode():
         return hf_model(torch.tensor([tokens])).logits[0].float()
+
+
+def greedy_matches_hf_generate(model_dir, hf_model, attn_ops, prompt: list[int],
+                               n: int) -> tuple[list[int], list[int]]:
+    """Greedy decoding of ``n`` tokens, one per step through the paged cache
+    (float32), and HF ``generate``'s greedy ids: (ours, HF's)."""
+    from paternoster.config import CacheConfig, ModelConfig
+    from paternoster.model.runner import ModelRunner
+
+    with torch.inference_mode():
+        ref = hf_model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    runner = ModelRunner(ModelConfig(model=str(model_dir), dtype="float32"),
+                         CacheConfig(block_size=8, num_kv_blocks=32), attn_ops=attn_ops)
+    maker = BatchMaker(runner.num_kv_blocks, 8, seed=1)
+    tokens, ids = list(prompt), []
+    chunk = Chunk("a", tokens, 0, len(prompt))
+    for _ in range(n):
+        logits = runner.execute_model(maker.batch([chunk]))
+        ids.append(int(logits[-1].argmax()))
+        tokens.append(ids[-1])
+        chunk = Chunk("a", tokens, len(tokens) - 1, 1)
+    return ids, ref
+
+
+def stack_and_python_logits(model_dir, vocab: int) -> dict[bool, torch.Tensor]:
+    """bfloat16 logits of one decode step of three sequences (after their
+    prefill) with the core's decoder stack (True) and through the Python
+    layers (False); the stack is checked to be the one used."""
+    from paternoster.config import CacheConfig, ModelConfig
+    from paternoster.model.runner import ModelRunner
+
+    logits = {}
+    for fused in (True, False):
+        runner = ModelRunner(ModelConfig(model=str(model_dir), dtype="bfloat16"),
+                             CacheConfig(block_size=8, num_kv_blocks=64))
+        runner.model.fused_steps = fused
+        maker = BatchMaker(runner.num_kv_blocks, 8, seed=3)
+        gen = torch.Generator().manual_seed(4)
+        seqs = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (9, 20, 3)]
+        runner.execute_model(maker.batch([Chunk(str(i), s, 0, len(s) - 1)
+                                          for i, s in enumerate(seqs)]))
+        if fused:
+            assert runner.model._decoder_stack(len(seqs), runner.kv_caches) is not None
+        logits[fused] = runner.execute_model(maker.batch(
+            [Chunk(str(i), s, len(s) - 1, 1) for i, s in enumerate(seqs)]))
+    return logits

@@ -11,7 +11,7 @@ import torch
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.runner import ModelRunner
 
-from .conftest import BatchMaker, Chunk
+from .conftest import greedy_matches_hf_generate, stack_and_python_logits
 from .test_tiny_models import SMALL, _compare
 
 
@@ -59,42 +59,14 @@ def test_qwen3_greedy_ids_equal_hf_generate(qwen3, attn_ops):
     """Greedy decoding one token per step through the paged cache gives HF
     ``generate``'s ids."""
     path, hf = qwen3
-    prompt = [5, 17, 33, 2, 90, 64, 7]
-    with torch.inference_mode():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    runner = ModelRunner(ModelConfig(model=str(path), dtype="float32"),
-                         CacheConfig(block_size=8, num_kv_blocks=32), attn_ops=attn_ops)
-    maker = BatchMaker(runner.num_kv_blocks, 8, seed=1)
-    tokens, ids = list(prompt), []
-    chunk = Chunk("a", tokens, 0, len(prompt))
-    for _ in range(12):
-        logits = runner.execute_model(maker.batch([chunk]))
-        ids.append(int(logits[-1].argmax()))
-        tokens.append(ids[-1])
-        chunk = Chunk("a", tokens, len(tokens) - 1, 1)
-    assert ids == ref
+    ours, ref = greedy_matches_hf_generate(path, hf, attn_ops, [5, 17, 33, 2, 90, 64, 7], 12)
+    assert ours == ref
 
 
 def test_qwen3_decoder_stack_is_bit_identical_to_python_layers(qwen3):
     """bfloat16 decode steps through the core's decoder stack (q/k norm in C++)
     give the Python layers' bits."""
-    path, _ = qwen3
-    logits = {}
-    for fused in (True, False):
-        runner = ModelRunner(ModelConfig(model=str(path), dtype="bfloat16"),
-                             CacheConfig(block_size=8, num_kv_blocks=64))
-        runner.model.fused_steps = fused
-        maker = BatchMaker(runner.num_kv_blocks, 8, seed=3)
-        gen = torch.Generator().manual_seed(4)
-        seqs = [torch.randint(0, SMALL["vocab_size"], (n,), generator=gen).tolist()
-                for n in (9, 20, 3)]
-        runner.execute_model(maker.batch([Chunk(str(i), s, 0, len(s) - 1)
-                                          for i, s in enumerate(seqs)]))
-        if fused:
-            assert runner.model._decoder_stack(len(seqs), runner.kv_caches) is not None
-        logits[fused] = runner.execute_model(maker.batch(
-            [Chunk(str(i), s, len(s) - 1, 1) for i, s in enumerate(seqs)]))
+    logits = stack_and_python_logits(qwen3[0], SMALL["vocab_size"])
     assert torch.equal(logits[True], logits[False])
 
 

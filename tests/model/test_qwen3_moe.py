@@ -13,7 +13,7 @@ from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.moe import SparseMoeBlock
 from paternoster.model.runner import ModelRunner
 
-from .conftest import BatchMaker, Chunk
+from .conftest import greedy_matches_hf_generate
 from .test_tiny_models import SMALL, _compare
 
 MOE = dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, head_dim=16,
@@ -61,21 +61,8 @@ def test_qwen3_moe_routes_tokens_to_several_experts(tmp_path_factory):
 
 def test_qwen3_moe_greedy_ids_equal_hf_generate(tmp_path_factory, attn_ops):
     path, hf = _moe(tmp_path_factory, 34)
-    prompt = [5, 17, 33, 2, 90, 64, 7]
-    with torch.inference_mode():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    runner = ModelRunner(ModelConfig(model=str(path), dtype="float32"),
-                         CacheConfig(block_size=8, num_kv_blocks=32), attn_ops=attn_ops)
-    maker = BatchMaker(runner.num_kv_blocks, 8, seed=1)
-    tokens, ids = list(prompt), []
-    chunk = Chunk("a", tokens, 0, len(prompt))
-    for _ in range(10):
-        logits = runner.execute_model(maker.batch([chunk]))
-        ids.append(int(logits[-1].argmax()))
-        tokens.append(ids[-1])
-        chunk = Chunk("a", tokens, len(tokens) - 1, 1)
-    assert ids == ref
+    ours, ref = greedy_matches_hf_generate(path, hf, attn_ops, [5, 17, 33, 2, 90, 64, 7], 10)
+    assert ours == ref
 
 
 def test_bad_top_k_is_refused():

@@ -11,7 +11,7 @@ import torch
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.runner import ModelRunner
 
-from .conftest import BatchMaker, Chunk
+from .conftest import stack_and_python_logits
 from .test_tiny_models import SMALL, _compare
 
 LAYERS = 4  # layer 3 is a NoPE layer (no_rope_layer_interval 4)
@@ -43,20 +43,7 @@ def test_smollm3_matches_hf_forward(smollm3, attn_ops, monkeypatch, fused):
 
 
 def test_smollm3_decoder_stack_is_bit_identical_to_python_layers(smollm3):
-    path, _ = smollm3
-    logits = {}
-    for fused in (True, False):
-        runner = ModelRunner(ModelConfig(model=str(path), dtype="bfloat16"),
-                             CacheConfig(block_size=8, num_kv_blocks=64))
-        runner.model.fused_steps = fused
-        maker = BatchMaker(runner.num_kv_blocks, 8, seed=3)
-        gen = torch.Generator().manual_seed(4)
-        seqs = [torch.randint(0, SMALL["vocab_size"], (n,), generator=gen).tolist()
-                for n in (9, 20, 3)]
-        runner.execute_model(maker.batch([Chunk(str(i), s, 0, len(s) - 1)
-                                          for i, s in enumerate(seqs)]))
-        logits[fused] = runner.execute_model(maker.batch(
-            [Chunk(str(i), s, len(s) - 1, 1) for i, s in enumerate(seqs)]))
+    logits = stack_and_python_logits(smollm3[0], SMALL["vocab_size"])
     assert torch.equal(logits[True], logits[False])
 
 
