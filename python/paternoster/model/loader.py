@@ -41,25 +41,57 @@ _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+#: Files of which a model directory needs at least one for its tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def _local_model(model: str | Path) -> Path:
+    """``model`` as a path that exists (never a hub id: nothing is downloaded).
+
+    Raises:
+        ValueError: no such file or directory.
+    """
+    p = Path(model)
+    if not p.exists():
+        raise ValueError(f"{p}: no such file or directory")
+    return p
+
+
 def load_hf_config(model_dir: str | Path):
     """``transformers.AutoConfig`` of a local model directory (no remote code),
-    or of a ``.gguf`` file (:func:`paternoster.model.gguf.load_gguf_config`)."""
-    if is_gguf(model_dir):
-        return load_gguf_config(model_dir)
+    or of a ``.gguf`` file (:func:`paternoster.model.gguf.load_gguf_config`).
+
+    Raises:
+        ValueError: no such path, or a directory without ``config.json``.
+    """
+    p = _local_model(model_dir)
+    if is_gguf(p):
+        return load_gguf_config(p)
+    if not (p / "config.json").is_file():
+        raise ValueError(f"{p}: no config.json (a model directory holds config.json, "
+                         f"*.safetensors weights and tokenizer files)")
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
+    return AutoConfig.from_pretrained(str(p), trust_remote_code=False)
 
 
 def load_tokenizer(model: str | Path):
     """The HF tokenizer (with its chat template) of a model directory or a
-    ``.gguf`` file (built from the file's metadata by transformers)."""
+    ``.gguf`` file (built from the file's metadata by transformers).
+
+    Raises:
+        ValueError: no such path, or a directory without tokenizer files
+            (:data:`TOKENIZER_FILES`; transformers would otherwise build an
+            empty tokenizer from config.json alone).
+    """
     from transformers import AutoTokenizer
 
-    if is_gguf(model):
-        p = Path(model)
+    p = _local_model(model)
+    if is_gguf(p):
         return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    return AutoTokenizer.from_pretrained(str(model))
+    if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise ValueError(f"{p}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
+    return AutoTokenizer.from_pretrained(str(p))
 
 
 def model_class(hf_config) -> type[LlamaForCausalLM]:
@@ -147,7 +179,8 @@ def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]
     else every ``*.safetensors`` file in the directory.
 
     Raises:
-        FileNotFoundError: no safetensors file in ``model_dir``.
+        ValueError: no safetensors file in ``model_dir``, or one that cannot
+            be read (truncated, not safetensors), naming it.
     """
     from safetensors import safe_open
 
@@ -159,9 +192,14 @@ def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]
     else:
         files = sorted(p.name for p in model_dir.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+        raise ValueError(f"no *.safetensors weights in {model_dir}")
     for file in files:
-        with safe_open(str(model_dir / file), framework="pt") as f:
+        try:
+            handle = safe_open(str(model_dir / file), framework="pt")
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"{model_dir / file}: not a readable safetensors file "
+                             f"({type(e).__name__}: {e})") from e
+        with handle as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
                 yield name, f.get_tensor(name)
 
@@ -187,9 +225,8 @@ def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: Attent
     Returns:
         The model in eval mode.
     Raises:
-        ValueError: unsupported architecture/rope/activation, missing or
-            mis-shaped weights.
-        FileNotFoundError: no weights.
+        ValueError: unsupported architecture/rope/activation, no weights,
+            an unreadable weight file, missing or mis-shaped weights.
     """
     cls = model_class(hf_config)
     kwargs = {"max_positions": max_positions, "batch_invariant": batch_invariant}
