@@ -91,3 +91,24 @@ def test_serve_with_a_missing_chat_template_file_exits_with_a_clear_error(tmp_pa
     )  # fmt: skip
     assert proc.returncode == 1
     assert "cannot read chat template" in proc.stderr and "nope.jinja" in proc.stderr
+
+
+def test_serve_on_a_port_in_use_exits_before_loading(default_model_path):
+    """Another server on the HTTP port: one line at once, not after loading."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "paternoster.entrypoints.cli", "serve",
+             str(default_model_path), "--port", str(port), "--zmq-address", "none"],
+            env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    assert proc.returncode == 1
+    assert f"cannot serve HTTP on 127.0.0.1:{port}" in proc.stderr
+    assert "engine ready" not in proc.stderr and "Traceback" not in proc.stderr

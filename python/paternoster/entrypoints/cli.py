@@ -189,6 +189,7 @@ async def serve(args: argparse.Namespace) -> int:
             logger.error("%s", e)
             return 1
     try:
+        check_http_port(args.host, args.port)
         if args.zmq_address not in ("none", "off"):
             from paternoster.entrypoints.zmq_address import check_address, default_zmq_address
 
@@ -342,6 +343,32 @@ def _graceful_server(app: Any, client: Any, args: argparse.Namespace) -> Any:
         timeout_graceful_shutdown=int(drain_s) + 3,
     )
     return GracefulServer(config)
+
+
+def check_http_port(host: str, port: int) -> None:
+    """Refuse an HTTP address that cannot be bound before the model is loaded
+    (uvicorn would find out only after minutes of loading).
+
+    Raises:
+        ValueError: the host does not resolve, or binding fails (in use,
+            not this machine's address, a privileged port).
+    """
+    import socket
+
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host!r} does not resolve: {e}") from e
+    probe = socket.socket(family, kind, proto)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        probe.bind(sockaddr)
+    except OSError as e:
+        raise ValueError(f"cannot serve HTTP on {host}:{port}: {e.strerror or e} "
+                         f"(another server on that port?)") from e
+    finally:
+        probe.close()
 
 
 async def _drain(client: Any, timeout_s: float) -> None:
