@@ -182,36 +182,34 @@ class LlamaWeights:
     def _missing(self, loaded: set[str]) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         for i, layer in enumerate(self.layers):
-            for rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                         "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                         "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-                         "input_layernorm.weight", "post_attention_layernorm.weight"):
-                names.append(f"model.layers.{i}.{rest}")
             attn, mlp = layer.self_attn, layer.mlp
+            at = f"model.layers.{i}."
+            rests = ["self_attn.o_proj.weight", "input_layernorm.weight",
+                     "post_attention_layernorm.weight"]
+            if at + "self_attn.qkv_proj.weight" in loaded:  # Phi-3: fused in the checkpoint
+                rests.append("self_attn.qkv_proj.weight")
+            else:
+                rests += [f"self_attn.{p}_proj.weight" for p in "qkv"]
             if attn.qkv_bias is not None:
-                names += [f"model.layers.{i}.self_attn.{p}_proj.bias" for p in "qkv"]
+                rests += [f"self_attn.{p}_proj.bias" for p in "qkv"]
             if attn.o_bias is not None:
-                names.append(f"model.layers.{i}.self_attn.o_proj.bias")
+                rests.append("self_attn.o_proj.bias")
+            if getattr(attn, "q_norm", None) is not None:  # Qwen3
+                rests += [f"self_attn.{p}_norm.weight" for p in "qk"]
             if isinstance(mlp, SparseMoeBlock):
-                names.remove(f"model.layers.{i}.mlp.gate_proj.weight")
-                names.remove(f"model.layers.{i}.mlp.up_proj.weight")
-                names.remove(f"model.layers.{i}.mlp.down_proj.weight")
                 prefix, *projs = mlp.checkpoint_names
-                names.append(f"model.layers.{i}.{prefix}.gate.weight")
-                names += [f"model.layers.{i}.{prefix}.experts.{e}.{p}.weight"
+                rests.append(f"{prefix}.gate.weight")
+                rests += [f"{prefix}.experts.{e}.{p}.weight"
                           for e in range(mlp.num_experts) for p in projs]
-            elif mlp.gate_up_bias is not None:
-                names += [f"model.layers.{i}.mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
-            if getattr(attn, "q_norm", None) is not None:
-                names += [f"model.layers.{i}.self_attn.{p}_norm.weight" for p in "qk"]
-        fused = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight",
-                                               "self_attn.k_proj.weight",
-                                               "self_attn.v_proj.weight"),
-                 "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
-        for i in range(len(self.layers)):  # a fused matrix stands for its parts
-            for whole, parts in fused.items():
-                if f"model.layers.{i}.{whole}" in loaded:
-                    loaded = loaded | {f"model.layers.{i}.{p}" for p in parts}
+            else:
+                if at + "mlp.gate_up_proj.weight" in loaded:  # Phi-3
+                    rests.append("mlp.gate_up_proj.weight")
+                else:
+                    rests += ["mlp.gate_proj.weight", "mlp.up_proj.weight"]
+                rests.append("mlp.down_proj.weight")
+                if mlp.gate_up_bias is not None:
+                    rests += [f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
+            names += [at + rest for rest in rests]
         return [name for name in names if name not in loaded]
 
 
