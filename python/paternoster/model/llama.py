@@ -293,14 +293,14 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         here. Used on CPU with the default kernels when every matrix multiply
         of the step takes the core's kernel in the Python path too (at most
         ``kernels.cpu.DENSE_CORE_MAX_TOKENS`` tokens, batch-invariant mode, or every
-        layer's weights quantized), so both paths give the same bits; built
-        once per KV cache."""
+        layer's weights quantized) and every layer has the dense MLP, so both
+        paths give the same bits; built once per KV cache."""
         if not self.fused_steps or self.norm.weight.device.type != "cpu" or not self.layers:
             return None
         if self.layers[0].self_attn.ops is not kernels or self.dtype not in (torch.float32,
                                                                           torch.bfloat16):
             return None
-        if not self.core_only_step(num_tokens):
+        if not self.core_only_step(num_tokens) or not self._dense_mlps():
             return None
         key = (kv_caches[0][0].data_ptr(), len(kv_caches))
         if getattr(self, "_stack_key", None) != key:
@@ -319,6 +319,13 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         or every layer's weights quantized."""
         return (kernels.core_runs_matmuls(num_tokens) or self.batch_invariant
                 or self._all_quantized())
+
+    def _dense_mlps(self) -> bool:
+        """Every layer's feed-forward block is the SwiGLU MLP (the one the
+        core's decoder stack has; routed experts run in the Python layers)."""
+        if getattr(self, "_dense_mlp_layers", None) is None:
+            self._dense_mlp_layers = all(isinstance(layer.mlp, LlamaMLP) for layer in self.layers)
+        return self._dense_mlp_layers
 
     def _all_quantized(self) -> bool:
         if getattr(self, "_quantized_layers", None) is None:

@@ -27,8 +27,6 @@ class MixtralForCausalLM(LlamaForCausalLM):
             :class:`~paternoster.model.llama.LlamaForCausalLM` raises.
     """
 
-    fused_steps = False  # the core's decoder stack has no MoE block
-
     def make_mlp(self, config, dtype: torch.dtype, index: int, invariant: bool) -> nn.Module:
         """Every layer's feed-forward block is routed experts."""
         return SparseMoeBlock(config.hidden_size, config.intermediate_size,

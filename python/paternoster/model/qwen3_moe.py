@@ -26,8 +26,6 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             :class:`~paternoster.model.qwen3.Qwen3ForCausalLM` raises.
     """
 
-    fused_steps = False  # the core's decoder stack has no MoE block
-
     def make_mlp(self, config, dtype: torch.dtype, index: int, invariant: bool) -> nn.Module:
         """The routed experts for sparse layers, else the dense MLP."""
         step = int(getattr(config, "decoder_sparse_step", 1) or 1)
