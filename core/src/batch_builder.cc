@@ -64,13 +64,15 @@ void BatchBuilder::build_into(const int64_t* req_ids, const int32_t* num_compute
 
   BatchShape shape;
   shape.num_seqs = n;
+  shape.num_groups = kv_.num_groups();
+  const int64_t G = shape.num_groups;
   entries_.resize(static_cast<size_t>(n));
+  tables_.resize(static_cast<size_t>(n * G));
   for (int64_t b = 0; b < n; ++b) {
     const int64_t id = req_ids[b];
     const auto* tokens = find_tokens(id);
     if (!tokens) fail("unknown request id " + std::to_string(id) + " (not in BatchBuilder)");
-    const auto* table = kv_.find_block_table(id);
-    if (!table) fail("request id " + std::to_string(id) + " has no KV cache blocks");
+    if (!kv_.find_block_table(id)) fail("request id " + std::to_string(id) + " has no KV cache blocks");
     if (num_computed[b] < 0) {
       fail("num_computed_tokens must be >= 0 (request " + std::to_string(id) + ")");
     }
@@ -83,18 +85,27 @@ void BatchBuilder::build_into(const int64_t* req_ids, const int32_t* num_compute
            " tokens; the schedule needs " + std::to_string(seq_len));
     }
     const int64_t blocks = (seq_len + bs - 1) / bs;
-    if (blocks > static_cast<int64_t>(table->size())) {
-      fail("request " + std::to_string(id) + " lacks KV slots: needs " + std::to_string(blocks) +
-           " blocks, has " + std::to_string(table->size()));
+    for (int64_t g = 0; g < G; ++g) {
+      const auto* table = kv_.find_block_table(id, g);
+      const std::string where = G > 1 ? " in KV cache group " + std::to_string(g) : "";
+      if (blocks > static_cast<int64_t>(table->size())) {
+        fail("request " + std::to_string(id) + " lacks KV slots" + where + ": needs " +
+             std::to_string(blocks) + " blocks, has " + std::to_string(table->size()));
+      }
+      if ((*table)[static_cast<size_t>(num_computed[b] / bs)] == kNoBlock) {
+        fail("request " + std::to_string(id) + " has no block" + where + " for position " +
+             std::to_string(num_computed[b]) + " (released out of the sliding window)");
+      }
+      tables_[static_cast<size_t>(b * G + g)] = table;
     }
-    entries_[b] = {tokens, table};
+    entries_[b] = {tokens};
     shape.num_tokens += num_scheduled[b];
     shape.max_blocks = std::max(shape.max_blocks, blocks);
   }
   if (shape.num_tokens > INT32_MAX) fail("batch has more than 2^31 - 1 tokens");
 
   const BatchBuffers out = alloc(shape);
-  const int64_t m = shape.max_blocks;
+  const int64_t m = shape.max_blocks, T = shape.num_tokens;
   int64_t t = 0;
   out.query_start_loc[0] = 0;
   for (int64_t b = 0; b < n; ++b) {
@@ -102,17 +113,21 @@ void BatchBuilder::build_into(const int64_t* req_ids, const int32_t* num_compute
     const int64_t start = num_computed[b];
     const int64_t q_len = num_scheduled[b];
     const int64_t seq_len = start + q_len;
-    std::memcpy(out.input_ids + t, e.tokens->data() + start, sizeof(int64_t) * q_len);
-    const int32_t* table = e.table->data();
-    for (int64_t i = 0; i < q_len; ++i) {
-      const int64_t pos = start + i;
-      out.positions[t + i] = pos;
-      out.slot_mapping[t + i] = int64_t{table[pos / bs]} * bs + pos % bs;
-    }
     const int64_t blocks = (seq_len + bs - 1) / bs;
-    int32_t* row = out.block_tables + b * m;
-    std::memcpy(row, table, sizeof(int32_t) * blocks);
-    std::fill(row + blocks, row + m, 0);
+    std::memcpy(out.input_ids + t, e.tokens->data() + start, sizeof(int64_t) * q_len);
+    for (int64_t i = 0; i < q_len; ++i) out.positions[t + i] = start + i;
+    for (int64_t g = 0; g < G; ++g) {
+      int64_t* slots = g == 0 ? out.slot_mapping : out.group_slot_mapping + (g - 1) * T;
+      int32_t* rows = g == 0 ? out.block_tables : out.group_block_tables + (g - 1) * n * m;
+      const int32_t* tab = table(b, g).data();
+      for (int64_t i = 0; i < q_len; ++i) {
+        const int64_t pos = start + i;
+        slots[t + i] = int64_t{tab[pos / bs]} * bs + pos % bs;
+      }
+      int32_t* row = rows + b * m;
+      std::memcpy(row, tab, sizeof(int32_t) * blocks);
+      std::fill(row + blocks, row + m, 0);
+    }
     t += q_len;
     out.seq_lens[b] = static_cast<int32_t>(seq_len);
     out.query_start_loc[b + 1] = static_cast<int32_t>(t);
@@ -144,9 +159,18 @@ BatchBuffers Batch::resize(const BatchShape& s) {
   seq_lens.resize(b);
   query_start_loc.resize(b + 1);
   logits_indices.resize(b);
-  return BatchBuffers{input_ids.data(),    positions.data(),       slot_mapping.data(),
-                      block_tables.data(), seq_lens.data(),        query_start_loc.data(),
-                      logits_indices.data()};
+  const auto extra = static_cast<size_t>(s.num_groups - 1);
+  group_slot_mapping.resize(extra * t);
+  group_block_tables.resize(extra * b * static_cast<size_t>(s.max_blocks));
+  return BatchBuffers{input_ids.data(),
+                      positions.data(),
+                      slot_mapping.data(),
+                      block_tables.data(),
+                      seq_lens.data(),
+                      query_start_loc.data(),
+                      logits_indices.data(),
+                      extra ? group_slot_mapping.data() : nullptr,
+                      extra ? group_block_tables.data() : nullptr};
 }
 
 }  // namespace paternoster

@@ -24,6 +24,8 @@ void pn_batch::clear() {
   batch.block_tables.clear();
   batch.seq_lens.clear();
   batch.query_start_loc.assign(1, 0);
+  batch.group_slot_mapping.clear();
+  batch.group_block_tables.clear();
 }
 
 namespace {
@@ -40,6 +42,26 @@ void view(const std::vector<T>& v, const T** out_data, int64_t* out_len) {
   *out_len = static_cast<int64_t>(v.size());
 }
 
+// Group `group`'s part of one of the batch's per-group arrays: group 0 in
+// `first`, the others back to back in `rest`.
+template <typename T>
+void group_view(const pn_batch_t* batch, int64_t group, const std::vector<T>& first,
+                const std::vector<T>& rest, const T** out_data, int64_t* out_len) {
+  const paternoster::Batch& b = deref(batch, "batch").batch;
+  if (group < 0 || group >= b.shape.num_groups) {
+    raise(PN_ERR_INVALID_ARGUMENT, "group " + std::to_string(group) + " out of range [0, " +
+                                       std::to_string(b.shape.num_groups) + ")");
+  }
+  check_out(out_data, "out_data");
+  check_out(out_len, "out_len");
+  if (group == 0) {
+    view(first, out_data, out_len);
+    return;
+  }
+  const auto n = static_cast<int64_t>(first.size());
+  *out_len = n;
+  *out_data = n == 0 ? nullptr : rest.data() + (group - 1) * n;
+}
 }  // namespace
 
 extern "C" {
@@ -211,6 +233,30 @@ pn_status_t pn_batch_query_start_loc(const pn_batch_t* batch, const int32_t** ou
                                      int64_t* out_len) noexcept {
   return guarded(__func__,
                  [&] { view(deref(batch, "batch").batch.query_start_loc, out_data, out_len); });
+}
+
+pn_status_t pn_batch_num_groups(const pn_batch_t* batch, int64_t* out) noexcept {
+  return guarded(__func__, [&] {
+    check_out(out, "out");
+    *out = deref(batch, "batch").batch.shape.num_groups;
+  });
+}
+
+
+pn_status_t pn_batch_group_slot_mapping(const pn_batch_t* batch, int64_t group,
+                                        const int64_t** out_data, int64_t* out_len) noexcept {
+  return guarded(__func__, [&] {
+    const paternoster::Batch& b = deref(batch, "batch").batch;
+    group_view(batch, group, b.slot_mapping, b.group_slot_mapping, out_data, out_len);
+  });
+}
+
+pn_status_t pn_batch_group_block_tables(const pn_batch_t* batch, int64_t group,
+                                        const int32_t** out_data, int64_t* out_len) noexcept {
+  return guarded(__func__, [&] {
+    const paternoster::Batch& b = deref(batch, "batch").batch;
+    group_view(batch, group, b.block_tables, b.group_block_tables, out_data, out_len);
+  });
 }
 
 }  // extern "C"

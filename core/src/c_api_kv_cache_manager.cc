@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "c_api_internal.h"
 
@@ -35,6 +36,88 @@ pn_status_t pn_kv_cache_manager_create(int64_t num_blocks, int64_t block_size,
     check_out(out, "out");
     auto kv = std::make_shared<KVCacheManager>(num_blocks, block_size, enable_caching != 0);
     *out = new pn_kv_cache_manager{std::move(kv)};
+  });
+}
+
+pn_status_t pn_kv_cache_manager_create_grouped(int64_t num_blocks, int64_t block_size,
+                                               int enable_caching,
+                                               const int64_t* sliding_windows,
+                                               int64_t num_groups,
+                                               pn_kv_cache_manager_t** out) noexcept {
+  return guarded(__func__, [&] {
+    check_out(out, "out");
+    if (num_groups < 1) raise(PN_ERR_INVALID_ARGUMENT, "num_groups must be >= 1");
+    check_array(sliding_windows, num_groups, "sliding_windows");
+    std::vector<paternoster::KVCacheGroupSpec> groups(static_cast<size_t>(num_groups));
+    for (int64_t g = 0; g < num_groups; ++g) groups[g].sliding_window = sliding_windows[g];
+    auto kv = std::make_shared<KVCacheManager>(num_blocks, block_size, enable_caching != 0,
+                                               std::move(groups));
+    *out = new pn_kv_cache_manager{std::move(kv)};
+  });
+}
+
+pn_status_t pn_kv_cache_manager_num_groups(const pn_kv_cache_manager_t* manager,
+                                           int64_t* out) noexcept {
+  return guarded(__func__, [&] {
+    const auto& kv = manager_of(manager);
+    check_out(out, "out");
+    *out = kv.num_groups();
+  });
+}
+
+pn_status_t pn_kv_cache_manager_num_required_blocks_after(const pn_kv_cache_manager_t* manager,
+                                                          int64_t req_id, int64_t num_tokens,
+                                                          int64_t num_computed_tokens,
+                                                          int64_t* out_blocks) noexcept {
+  return guarded(__func__, [&] {
+    const auto& kv = manager_of(manager);
+    check_out(out_blocks, "out_blocks");
+    *out_blocks = kv.num_required_blocks(req_id, num_tokens, num_computed_tokens);
+  });
+}
+
+pn_status_t pn_kv_cache_manager_can_allocate_after(const pn_kv_cache_manager_t* manager,
+                                                   int64_t req_id, int64_t num_tokens,
+                                                   int64_t num_computed_tokens,
+                                                   int* out) noexcept {
+  return guarded(__func__, [&] {
+    const auto& kv = manager_of(manager);
+    check_out(out, "out");
+    *out = kv.can_allocate(req_id, num_tokens, num_computed_tokens) ? 1 : 0;
+  });
+}
+
+pn_status_t pn_kv_cache_manager_allocate_slots_after(pn_kv_cache_manager_t* manager,
+                                                     int64_t req_id, int64_t num_tokens,
+                                                     int64_t num_computed_tokens) noexcept {
+  return guarded(__func__, [&] {
+    auto& kv = manager_of(manager);
+    if (!kv.allocate_slots(req_id, num_tokens, num_computed_tokens)) {
+      raise(PN_ERR_OUT_OF_BLOCKS,
+            "request " + std::to_string(req_id) + " needs " +
+                std::to_string(kv.num_required_blocks(req_id, num_tokens, num_computed_tokens)) +
+                " more blocks, " + std::to_string(kv.num_free_blocks()) + " free");
+    }
+  });
+}
+
+pn_status_t pn_kv_cache_manager_group_block_table(const pn_kv_cache_manager_t* manager,
+                                                  int64_t req_id, int64_t group,
+                                                  int32_t* out_ids, int64_t capacity,
+                                                  int64_t* out_len) noexcept {
+  return guarded(__func__, [&] {
+    const auto& kv = manager_of(manager);
+    check_array(out_ids, capacity, "out_ids");
+    check_out(out_len, "out_len");
+    const std::vector<int32_t>* table = kv.find_block_table(req_id, group);
+    if (table == nullptr) not_found(req_id);
+    const auto len = static_cast<int64_t>(table->size());
+    *out_len = len;
+    if (len > capacity) {
+      raise(PN_ERR_BUFFER_TOO_SMALL, "the table has " + std::to_string(len) +
+                                         " blocks, capacity is " + std::to_string(capacity));
+    }
+    std::copy(table->begin(), table->end(), out_ids);
   });
 }
 

@@ -81,5 +81,33 @@ TEST(BatchBuilder, EmptyBatch) {
   EXPECT_EQ(b.query_start_loc, (std::vector<int32_t>{0}));
 }
 
+TEST(BatchBuilder, OneSlotMappingAndTablePerKVCacheGroup) {
+  // Group 0 full attention, group 1 a window of 4 tokens; blocks of 4.
+  KVCacheManager kv(32, 4, false, {KVCacheGroupSpec{0}, KVCacheGroupSpec{4}});
+  BatchBuilder bb(kv);
+  bb.add_request(10, iota(13, 100));  // decode of position 12
+  bb.add_request(20, iota(3, 200));   // prompt of 3
+  ASSERT_TRUE(kv.allocate_slots(10, 12, 0));
+  ASSERT_TRUE(kv.allocate_slots(10, 13, 12));  // releases group 1's blocks 0, 1
+  ASSERT_TRUE(kv.allocate_slots(20, 3, 0));
+  Batch b = bb.build({10, 20}, {12, 0}, {1, 3});
+
+  EXPECT_EQ(b.shape.num_groups, 2);
+  EXPECT_EQ(b.shape.max_blocks, 4);
+  const auto f10 = kv.block_table(10, 0), w10 = kv.block_table(10, 1);
+  const auto f20 = kv.block_table(20, 0), w20 = kv.block_table(20, 1);
+  ASSERT_EQ(w10[0], kNoBlock);
+  ASSERT_EQ(w10[1], kNoBlock);
+  EXPECT_EQ(b.block_tables, (std::vector<int32_t>{f10[0], f10[1], f10[2], f10[3], f20[0], 0, 0, 0}));
+  EXPECT_EQ(b.group_block_tables,
+            (std::vector<int32_t>{kNoBlock, kNoBlock, w10[2], w10[3], w20[0], 0, 0, 0}));
+  EXPECT_EQ(b.slot_mapping, (std::vector<int64_t>{f10[3] * 4, f20[0] * 4, f20[0] * 4 + 1,
+                                                  f20[0] * 4 + 2}));
+  EXPECT_EQ(b.group_slot_mapping, (std::vector<int64_t>{w10[3] * 4, w20[0] * 4, w20[0] * 4 + 1,
+                                                        w20[0] * 4 + 2}));
+  // A schedule reaching back into released blocks is refused.
+  EXPECT_THROW(bb.build({10}, {4}, {9}), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace paternoster

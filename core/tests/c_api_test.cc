@@ -421,4 +421,70 @@ TEST(CApi, PrefixCachingSharesBlocks) {
   EXPECT_EQ(num_free(m.get()), 8);
 }
 
+TEST(CApi, KVCacheGroupsMatchTheCppManager) {
+  // A full group and a window-4 group over 32 blocks of 4, through the C API
+  // and through the C++ classes, the same calls: the same tables and batch.
+  const int64_t windows[] = {0, 4};
+  pn_kv_cache_manager_t* raw = nullptr;
+  const int64_t bad[] = {-1};
+  EXPECT_EQ(pn_kv_cache_manager_create_grouped(8, 4, 0, bad, 1, &raw), PN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(pn_kv_cache_manager_create_grouped(8, 4, 0, windows, 0, &raw),
+            PN_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(pn_kv_cache_manager_create_grouped(32, 4, 0, windows, 2, &raw), PN_OK);
+  Manager m(raw);
+  paternoster::KVCacheManager kv(32, 4, false, {{0}, {4}});
+  int64_t groups = 0;
+  ASSERT_EQ(pn_kv_cache_manager_num_groups(m.get(), &groups), PN_OK);
+  EXPECT_EQ(groups, 2);
+
+  ASSERT_EQ(pn_kv_cache_manager_allocate_slots_after(m.get(), 7, 12, 0), PN_OK);
+  ASSERT_TRUE(kv.allocate_slots(7, 12, 0));
+  int64_t need = -1;
+  int ok = -1;
+  ASSERT_EQ(pn_kv_cache_manager_num_required_blocks_after(m.get(), 7, 13, 12, &need), PN_OK);
+  EXPECT_EQ(need, kv.num_required_blocks(7, 13, 12));
+  ASSERT_EQ(pn_kv_cache_manager_can_allocate_after(m.get(), 7, 13, 12, &ok), PN_OK);
+  EXPECT_EQ(ok, 1);
+  ASSERT_EQ(pn_kv_cache_manager_allocate_slots_after(m.get(), 7, 13, 12), PN_OK);
+  ASSERT_TRUE(kv.allocate_slots(7, 13, 12));
+  for (int64_t g = 0; g < 2; ++g) {
+    int32_t ids[8];
+    int64_t len = 0;
+    ASSERT_EQ(pn_kv_cache_manager_group_block_table(m.get(), 7, g, ids, 8, &len), PN_OK);
+    EXPECT_EQ(std::vector<int32_t>(ids, ids + len), kv.block_table(7, g));
+  }
+  int32_t ids[8];
+  int64_t len = 0;
+  EXPECT_EQ(pn_kv_cache_manager_group_block_table(m.get(), 7, 2, ids, 8, &len),
+            PN_ERR_INVALID_ARGUMENT);
+
+  pn_batch_builder_t* braw = nullptr;
+  ASSERT_EQ(pn_batch_builder_create(m.get(), &braw), PN_OK);
+  Builder b(braw);
+  paternoster::BatchBuilder cpp(kv);
+  std::vector<int64_t> tokens(13);
+  for (int64_t i = 0; i < 13; ++i) tokens[i] = 50 + i;
+  ASSERT_EQ(pn_batch_builder_add_request(b.get(), 7, tokens.data(), 13), PN_OK);
+  cpp.add_request(7, tokens);
+  pn_batch_t* batch_raw = nullptr;
+  ASSERT_EQ(pn_batch_create(&batch_raw), PN_OK);
+  BatchHandle batch(batch_raw);
+  const int64_t req[] = {7};
+  const int32_t computed[] = {12}, scheduled[] = {1};
+  ASSERT_EQ(pn_batch_builder_build(b.get(), req, computed, scheduled, 1, batch.get()), PN_OK);
+  const paternoster::Batch want = cpp.build({7}, {12}, {1});
+  ASSERT_EQ(pn_batch_num_groups(batch.get(), &groups), PN_OK);
+  EXPECT_EQ(groups, 2);
+  const int64_t* slots = nullptr;
+  const int32_t* tables = nullptr;
+  ASSERT_EQ(pn_batch_group_slot_mapping(batch.get(), 1, &slots, &len), PN_OK);
+  EXPECT_EQ(std::vector<int64_t>(slots, slots + len), want.group_slot_mapping);
+  ASSERT_EQ(pn_batch_group_block_tables(batch.get(), 1, &tables, &len), PN_OK);
+  EXPECT_EQ(std::vector<int32_t>(tables, tables + len), want.group_block_tables);
+  EXPECT_EQ(tables[0], -1);  // block 0 released out of the window
+  ASSERT_EQ(pn_batch_group_block_tables(batch.get(), 0, &tables, &len), PN_OK);
+  EXPECT_EQ(std::vector<int32_t>(tables, tables + len), want.block_tables);
+  EXPECT_EQ(pn_batch_group_slot_mapping(batch.get(), 2, &slots, &len), PN_ERR_INVALID_ARGUMENT);
+}
+
 }  // namespace

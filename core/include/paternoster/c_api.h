@@ -143,6 +143,48 @@ pn_status_t pn_kv_cache_manager_create(int64_t num_blocks, int64_t block_size,
                                        int enable_caching,
                                        pn_kv_cache_manager_t** out) PN_NOEXCEPT;
 
+/* Like pn_kv_cache_manager_create, with num_groups KV cache groups (the
+ * layers sharing one set of block tables; see kv_cache_manager.h):
+ * sliding_windows[g] is group g's attention window in tokens, 0 for full
+ * attention. A sliding-window group releases the blocks that fall out of the
+ * window (pn_kv_cache_manager_allocate_slots_after). PN_ERR_INVALID_ARGUMENT
+ * as pn_kv_cache_manager_create, or unless num_groups >= 1 and every window
+ * >= 0. */
+pn_status_t pn_kv_cache_manager_create_grouped(int64_t num_blocks, int64_t block_size,
+                                               int enable_caching,
+                                               const int64_t* sliding_windows,
+                                               int64_t num_groups,
+                                               pn_kv_cache_manager_t** out) PN_NOEXCEPT;
+
+/* Writes the number of KV cache groups (1 unless created grouped). */
+pn_status_t pn_kv_cache_manager_num_groups(const pn_kv_cache_manager_t* manager,
+                                           int64_t* out) PN_NOEXCEPT;
+
+/* The _after variants of num_required_blocks / can_allocate / allocate_slots
+ * take the request's computed token count: sliding-window groups first
+ * release the blocks wholly below num_computed_tokens - window + 1 (their
+ * table entries become -1), and the count is net of what they release. The
+ * plain variants are these with num_computed_tokens = 0 (nothing released).
+ * PN_ERR_INVALID_ARGUMENT: num_tokens < 0 or num_computed_tokens < 0. */
+pn_status_t pn_kv_cache_manager_num_required_blocks_after(const pn_kv_cache_manager_t* manager,
+                                                          int64_t req_id, int64_t num_tokens,
+                                                          int64_t num_computed_tokens,
+                                                          int64_t* out_blocks) PN_NOEXCEPT;
+pn_status_t pn_kv_cache_manager_can_allocate_after(const pn_kv_cache_manager_t* manager,
+                                                   int64_t req_id, int64_t num_tokens,
+                                                   int64_t num_computed_tokens,
+                                                   int* out) PN_NOEXCEPT;
+pn_status_t pn_kv_cache_manager_allocate_slots_after(pn_kv_cache_manager_t* manager,
+                                                     int64_t req_id, int64_t num_tokens,
+                                                     int64_t num_computed_tokens) PN_NOEXCEPT;
+
+/* pn_kv_cache_manager_block_table for KV cache group `group` (released
+ * entries are -1). PN_ERR_INVALID_ARGUMENT: group out of range. */
+pn_status_t pn_kv_cache_manager_group_block_table(const pn_kv_cache_manager_t* manager,
+                                                  int64_t req_id, int64_t group,
+                                                  int32_t* out_ids, int64_t capacity,
+                                                  int64_t* out_len) PN_NOEXCEPT;
+
 /* Releases the caller's handle (NULL: no-op). Batch builders created on the
  * manager keep it alive: its memory goes when the last of them is destroyed
  * too, so the handles can be destroyed in any order. */
@@ -338,6 +380,18 @@ pn_status_t pn_batch_seq_lens(const pn_batch_t* batch, const int32_t** out_data,
                               int64_t* out_len) PN_NOEXCEPT;
 pn_status_t pn_batch_query_start_loc(const pn_batch_t* batch, const int32_t** out_data,
                                      int64_t* out_len) PN_NOEXCEPT;
+
+/* The batch's KV cache groups G (the manager's), and group `group`'s
+ * slot_mapping [T] and block_tables [B, M] (group 0: the same arrays as
+ * pn_batch_slot_mapping / pn_batch_block_tables). PN_ERR_INVALID_ARGUMENT:
+ * group out of [0, G). */
+pn_status_t pn_batch_num_groups(const pn_batch_t* batch, int64_t* out) PN_NOEXCEPT;
+pn_status_t pn_batch_group_slot_mapping(const pn_batch_t* batch, int64_t group,
+                                        const int64_t** out_data,
+                                        int64_t* out_len) PN_NOEXCEPT;
+pn_status_t pn_batch_group_block_tables(const pn_batch_t* batch, int64_t group,
+                                        const int32_t** out_data,
+                                        int64_t* out_len) PN_NOEXCEPT;
 
 #ifdef __cplusplus
 }  /* extern "C" */

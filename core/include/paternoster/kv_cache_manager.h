@@ -19,6 +19,28 @@
 // also hold the same token ids, follow the same parent block (by id and
 // generation, so a parent that was evicted and reused no longer matches) and,
 // for a first block, carry the same cache salt. A collision is a miss.
+//
+// KV cache groups (vLLM's hybrid KV cache manager): a model whose layers do
+// not all attend the same way (Gemma 3: five sliding-window layers per global
+// one; gpt-oss: alternating) gets one group per kind of layer (the host may
+// split a kind into several equal-sized groups so that groups can share the
+// same physical cache tensors). Every group gives each request its own block
+// table over the one shared pool; a token's block index is the same in every
+// group (position / block_size). A full-attention group keeps every block. A
+// sliding-window group of window W (a query at position p sees p - W < k <= p)
+// frees a block once every position in it is out of reach of the next token to
+// compute: allocate_slots(req, n, num_computed) releases the blocks wholly below
+// num_computed - W + 1 and writes kNoBlock in their table entries, so a long
+// request holds about W / block_size + its chunk's blocks in that group. The
+// paged-attention kernels never read those entries. Admission, can_allocate,
+// usage and preemption (free) count the blocks of every group.
+//
+// Prefix caching with groups: each group's blocks are cached under hashes
+// rooted at the group (a group never hits another's blocks); a request's hit is
+// the shortest of its groups' hits, and a sliding group hits only through an
+// unbroken chain from the first block (its blocks freed out of the window stay
+// cached until the pool evicts them), which is conservative: a miss costs
+// recomputation, never a wrong block.
 #pragma once
 
 #include <cstdint>
@@ -33,30 +55,61 @@
 
 namespace paternoster {
 
+// The table entry of a block a sliding-window group has released.
+constexpr int32_t kNoBlock = -1;
+
+// One KV cache group: the layers sharing a block table.
+struct KVCacheGroupSpec {
+  // 0: full attention. W > 0: sliding-window attention over the last W
+  // positions (the query's own included).
+  int64_t sliding_window = 0;
+};
+
 class KVCacheManager {
  public:
-  // num_blocks >= 0 and block_size >= 1, else std::invalid_argument. With
-  // enable_caching = false the manager behaves as before prefix caching:
-  // get_computed_blocks() finds nothing, cache_blocks() does nothing, and
-  // free() returns blocks in table order.
-  KVCacheManager(int64_t num_blocks, int64_t block_size, bool enable_caching = false);
+  // num_blocks >= 0, block_size >= 1, at least one group and every
+  // sliding_window >= 0, else std::invalid_argument. With enable_caching =
+  // false the manager behaves as before prefix caching: get_computed_blocks()
+  // finds nothing, cache_blocks() does nothing, and free() returns blocks in
+  // table order. The default is one full-attention group.
+  KVCacheManager(int64_t num_blocks, int64_t block_size, bool enable_caching = false,
+                 std::vector<KVCacheGroupSpec> groups = {KVCacheGroupSpec{}});
 
-  // Blocks to add so that request `req_id` has KV slots for its first
-  // `num_tokens` tokens: max(0, ceil(num_tokens / block_size) - table size).
-  // An unknown request has an empty table. num_tokens < 0 throws
-  // std::invalid_argument.
-  int64_t num_required_blocks(int64_t req_id, int64_t num_tokens) const;
-  bool can_allocate(int64_t req_id, int64_t num_tokens) const;
+  int64_t num_groups() const { return static_cast<int64_t>(groups_.size()); }
+  // std::invalid_argument if g is out of range.
+  const KVCacheGroupSpec& group(int64_t g) const;
 
-  // Grows the request's table to cover its first `num_tokens` tokens, all or
+  // Blocks the request needs beyond those it holds now to have KV slots for
+  // its first `num_tokens` tokens, once it has computed `num_computed_tokens`
+  // of them (sliding-window groups release what falls out of the window
+  // first, so this is the net growth over all groups, at least 0). With
+  // num_computed_tokens = 0 nothing is released: the whole prompt's blocks.
+  // A planner may pass a future num_computed_tokens (e.g. the start of a
+  // request's last prefill chunk) to get that step's peak. An unknown request
+  // holds nothing. std::invalid_argument: num_tokens < 0 or
+  // num_computed_tokens < 0.
+  int64_t num_required_blocks(int64_t req_id, int64_t num_tokens,
+                              int64_t num_computed_tokens = 0) const;
+  bool can_allocate(int64_t req_id, int64_t num_tokens, int64_t num_computed_tokens = 0) const;
+
+  // Grows the request's tables to cover its first `num_tokens` tokens, all or
   // nothing: returns false (and changes nothing) when too few blocks are free.
-  // Creates the table if the request is new (also when no block is needed).
-  bool allocate_slots(int64_t req_id, int64_t num_tokens);
+  // Sliding-window groups first release the blocks wholly below
+  // num_computed_tokens - W + 1 (their entries become kNoBlock); the caller
+  // passes the request's true computed count, which must not decrease while
+  // the request lives. Creates the tables if the request is new (also when
+  // no block is needed).
+  bool allocate_slots(int64_t req_id, int64_t num_tokens, int64_t num_computed_tokens = 0);
 
-  // Returns all the request's blocks to the pool and forgets it; no-op for an
-  // unknown request. With caching on the blocks are released last block
-  // first, so among one request's cached blocks the tail is evicted first.
+  // Returns all the request's blocks (every group) to the pool and forgets
+  // it; no-op for an unknown request. With caching on the blocks are released
+  // last block first, so among one request's cached blocks the tail is
+  // evicted first.
   void free(int64_t req_id);
+
+  // Blocks the request holds in all groups (released entries not counted);
+  // 0 for an unknown request.
+  int64_t num_request_blocks(int64_t req_id) const;
 
   // ---- prefix caching
 
@@ -116,11 +169,13 @@ class KVCacheManager {
   using HashFn = BlockHash (*)(BlockHash parent, const int64_t* tokens, int64_t n);
   void set_hash_fn_for_testing(HashFn fn) { hash_fn_ = fn; }
 
-  // The request's block table (a copy); std::invalid_argument if unknown.
-  std::vector<int32_t> block_table(int64_t req_id) const;
-  // The request's block table, or nullptr if unknown. Valid until the next
-  // call that modifies this request.
-  const std::vector<int32_t>* find_block_table(int64_t req_id) const;
+  // The request's block table in `group` (a copy; released entries are
+  // kNoBlock); std::invalid_argument if the request or group is unknown.
+  std::vector<int32_t> block_table(int64_t req_id, int64_t group = 0) const;
+  // The request's block table in `group`, or nullptr if the request is
+  // unknown (std::invalid_argument for a bad group). Valid until the next call
+  // that modifies this request.
+  const std::vector<int32_t>* find_block_table(int64_t req_id, int64_t group = 0) const;
 
   bool has_request(int64_t req_id) const { return tables_.count(req_id) != 0; }
   int64_t num_requests() const { return static_cast<int64_t>(tables_.size()); }
@@ -147,23 +202,33 @@ class KVCacheManager {
     bool stopped = false;           // a block could not be linked: cache no more
   };
 
+  using Tables = std::vector<std::vector<int32_t>>;  // one table per group
+
   int64_t blocks_for(int64_t num_tokens) const;
-  BlockHash block_hash_at(RequestCache& st, int64_t i, const int64_t* tokens);
-  // The cached block holding `hash` whose content is exactly (parent, tokens,
-  // salt), if any.
-  std::optional<int32_t> match(BlockHash hash, BlockRef parent, const int64_t* tokens,
-                               std::string_view salt) const;
-  void record(int32_t id, BlockRef parent, const int64_t* tokens, std::string_view salt);
+  // First block index group g still needs once num_computed tokens are done.
+  int64_t first_needed_block(int64_t g, int64_t num_computed) const;
+  void check_group(int64_t g) const;
+  BlockHash block_hash_at(RequestCache& st, int64_t g, int64_t i, const int64_t* tokens);
+  // The cached block of group g holding `hash` whose content is exactly
+  // (parent, tokens, salt), if any.
+  std::optional<int32_t> match(int64_t g, BlockHash hash, BlockRef parent,
+                               const int64_t* tokens, std::string_view salt) const;
+  void record(int64_t g, int32_t id, BlockRef parent, const int64_t* tokens,
+              std::string_view salt);
+  void cache_group(RequestCache& st, int64_t g, const std::vector<int32_t>& table,
+                   const int64_t* tokens, int64_t full);
 
   BlockPool pool_;
   int64_t block_size_;
-  std::unordered_map<int64_t, std::vector<int32_t>> tables_;
+  std::vector<KVCacheGroupSpec> groups_;
+  std::unordered_map<int64_t, Tables> tables_;
 
   // Prefix cache (sized only with caching on): per block, its parent and, for
   // a first block, the salt; its tokens at [id * block_size, +block_size), as
   // int32 (4 bytes x block_size per block: 64 MiB for 1M blocks of 16).
-  std::unordered_map<int64_t, RequestCache> req_cache_;
+  std::unordered_map<int64_t, std::vector<RequestCache>> req_cache_;  // one per group
   std::vector<BlockRef> parent_;
+  std::vector<int32_t> block_group_;  // the group whose chain a cached block is in
   std::vector<std::string> root_salt_;
   std::vector<int32_t> block_tokens_;
   uint64_t hash_mask_ = ~uint64_t{0};
