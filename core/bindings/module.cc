@@ -85,10 +85,18 @@ py::dict build_batch(const BatchBuilder& bb, const py::handle& req_ids_obj,
                       slot_mapping(s.num_tokens), logits_indices(s.num_seqs);
                   py::array_t<int32_t> block_tables({s.num_seqs, s.max_blocks}),
                       seq_lens(s.num_seqs), query_start_loc(s.num_seqs + 1);
-                  BatchBuffers buf{input_ids.mutable_data(),    positions.mutable_data(),
-                                   slot_mapping.mutable_data(), block_tables.mutable_data(),
-                                   seq_lens.mutable_data(),     query_start_loc.mutable_data(),
-                                   logits_indices.mutable_data()};
+                  const py::ssize_t extra = s.num_groups - 1;
+                  py::array_t<int64_t> group_slot_mapping({extra, s.num_tokens});
+                  py::array_t<int32_t> group_block_tables({extra, s.num_seqs, s.max_blocks});
+                  BatchBuffers buf{input_ids.mutable_data(),
+                                   positions.mutable_data(),
+                                   slot_mapping.mutable_data(),
+                                   block_tables.mutable_data(),
+                                   seq_lens.mutable_data(),
+                                   query_start_loc.mutable_data(),
+                                   logits_indices.mutable_data(),
+                                   extra ? group_slot_mapping.mutable_data() : nullptr,
+                                   extra ? group_block_tables.mutable_data() : nullptr};
                   result["input_ids"] = input_ids;
                   result["positions"] = positions;
                   result["slot_mapping"] = slot_mapping;
@@ -96,6 +104,10 @@ py::dict build_batch(const BatchBuilder& bb, const py::handle& req_ids_obj,
                   result["seq_lens"] = seq_lens;
                   result["query_start_loc"] = query_start_loc;
                   result["logits_indices"] = logits_indices;
+                  if (extra) {
+                    result["group_slot_mapping"] = group_slot_mapping;
+                    result["group_block_tables"] = group_block_tables;
+                  }
                   return buf;
                 });
   return result;
@@ -195,15 +207,32 @@ PYBIND11_MODULE(_core, m) {
       .def("usage", &BlockPool::usage);
 
   py::class_<KVCacheManager>(m, "KVCacheManager",
-                             "Per-request block tables over a BlockPool, with optional "
+                             "Per-request block tables over a BlockPool, one per KV cache "
+                             "group (full or sliding-window attention), with optional "
                              "automatic prefix caching.")
-      .def(py::init<int64_t, int64_t, bool>(), py::arg("num_blocks"), py::arg("block_size"),
-           py::arg("enable_caching") = false)
+      .def(py::init([](int64_t num_blocks, int64_t block_size, bool enable_caching,
+                       const std::optional<std::vector<int64_t>>& sliding_windows) {
+             std::vector<KVCacheGroupSpec> groups;
+             for (int64_t w : sliding_windows.value_or(std::vector<int64_t>{0})) {
+               groups.push_back(KVCacheGroupSpec{w});
+             }
+             return std::make_unique<KVCacheManager>(num_blocks, block_size, enable_caching,
+                                                     std::move(groups));
+           }),
+           py::arg("num_blocks"), py::arg("block_size"), py::arg("enable_caching") = false,
+           py::arg("sliding_windows") = py::none())
+      .def("num_groups", &KVCacheManager::num_groups)
+      .def(
+          "sliding_window",
+          [](const KVCacheManager& kv, int64_t group) { return kv.group(group).sliding_window; },
+          py::arg("group"))
       .def("num_required_blocks", &KVCacheManager::num_required_blocks, py::arg("req_id"),
-           py::arg("num_tokens"))
-      .def("can_allocate", &KVCacheManager::can_allocate, py::arg("req_id"), py::arg("num_tokens"))
+           py::arg("num_tokens"), py::arg("num_computed_tokens") = 0)
+      .def("can_allocate", &KVCacheManager::can_allocate, py::arg("req_id"), py::arg("num_tokens"),
+           py::arg("num_computed_tokens") = 0)
       .def("allocate_slots", &KVCacheManager::allocate_slots, py::arg("req_id"),
-           py::arg("num_tokens"))
+           py::arg("num_tokens"), py::arg("num_computed_tokens") = 0)
+      .def("num_request_blocks", &KVCacheManager::num_request_blocks, py::arg("req_id"))
       .def("free", &KVCacheManager::free, py::arg("req_id"))
       .def(
           "get_computed_blocks",
@@ -241,8 +270,10 @@ PYBIND11_MODULE(_core, m) {
           py::return_value_policy::reference_internal)
       .def(
           "block_table",
-          [](const KVCacheManager& kv, int64_t req_id) { return to_numpy(kv.block_table(req_id)); },
-          py::arg("req_id"))
+          [](const KVCacheManager& kv, int64_t req_id, int64_t group) {
+            return to_numpy(kv.block_table(req_id, group));
+          },
+          py::arg("req_id"), py::arg("group") = 0)
       .def("has_request", &KVCacheManager::has_request, py::arg("req_id"))
       .def("num_requests", &KVCacheManager::num_requests)
       .def("num_free_blocks", &KVCacheManager::num_free_blocks)

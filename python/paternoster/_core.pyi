@@ -133,20 +133,43 @@ class KVCacheManager:
     evicted (LRU; a request's tail blocks first).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False,
+                 sliding_windows: list[int] | None = None) -> None:
         """Args: num_blocks (>= 0) blocks of block_size (>= 1) tokens each;
         enable_caching: automatic prefix caching (off: exactly the behaviour
-        without it). Raises ValueError for bad sizes."""
-    def num_required_blocks(self, req_id: int, num_tokens: int) -> int:
-        """Blocks to add so the request has KV slots for its first ``num_tokens``
-        tokens: ``max(0, ceil(num_tokens / block_size) - len(table))`` (an unknown
-        request has an empty table). Raises ValueError if ``num_tokens < 0``."""
-    def can_allocate(self, req_id: int, num_tokens: int) -> bool:
-        """Whether ``allocate_slots(req_id, num_tokens)`` would succeed."""
-    def allocate_slots(self, req_id: int, num_tokens: int) -> bool:
-        """Grow the request's table to cover its first ``num_tokens`` tokens, all or
-        nothing: returns False (changing nothing) when too few blocks are free.
-        Creates the table if the request is new."""
+        without it); sliding_windows: one entry per KV cache group (the layers
+        sharing a block table; vLLM's hybrid KV cache manager), the group's
+        attention window in tokens or 0 for full attention (None: one
+        full-attention group). All groups draw from the one pool; a request
+        has one table per group and a token's block index is the same in each.
+        Raises ValueError for bad sizes, no group or a negative window."""
+    def num_groups(self) -> int:
+        """KV cache groups (1 unless ``sliding_windows`` named more)."""
+    def sliding_window(self, group: int) -> int:
+        """Group ``group``'s window in tokens (0: full attention); ValueError
+        if out of range."""
+    def num_required_blocks(self, req_id: int, num_tokens: int,
+                            num_computed_tokens: int = 0) -> int:
+        """Blocks the request needs beyond those it holds to have KV slots for
+        its first ``num_tokens`` tokens once ``num_computed_tokens`` are
+        computed: sliding-window groups first release the blocks wholly below
+        ``num_computed_tokens - window + 1``, so this is the net growth over
+        all groups (at least 0; with one full group ``max(0, ceil(num_tokens /
+        block_size) - len(table))``). A planner may pass a future computed
+        count to get that step's need. An unknown request holds nothing.
+        Raises ValueError if a count is negative."""
+    def can_allocate(self, req_id: int, num_tokens: int, num_computed_tokens: int = 0) -> bool:
+        """Whether ``allocate_slots(req_id, num_tokens, num_computed_tokens)``
+        would succeed."""
+    def allocate_slots(self, req_id: int, num_tokens: int, num_computed_tokens: int = 0) -> bool:
+        """Grow the request's tables to cover its first ``num_tokens`` tokens,
+        all or nothing: returns False (changing nothing) when too few blocks
+        are free. Sliding-window groups first release the blocks out of reach
+        of position ``num_computed_tokens`` (entries become -1); pass the
+        request's true computed count, which must not decrease while it lives.
+        Creates the tables if the request is new."""
+    def num_request_blocks(self, req_id: int) -> int:
+        """Blocks the request holds in all groups (released ones not counted)."""
     def free(self, req_id: int) -> None:
         """Return all the request's blocks to the pool and forget it (no-op if
         unknown). With caching on, the last block is released first, so the
@@ -218,9 +241,10 @@ class KVCacheManager:
     @property
     def pool(self) -> BlockPool:
         """The underlying pool (read it; changing it breaks the manager)."""
-    def block_table(self, req_id: int) -> np.ndarray:
-        """A copy of the request's block table, int32 ``[num_blocks_of_request]``.
-        Raises ValueError if the request is unknown."""
+    def block_table(self, req_id: int, group: int = 0) -> np.ndarray:
+        """A copy of the request's block table in KV cache group ``group``, int32
+        ``[num_blocks_of_request]`` (-1 where a sliding window released the
+        block). Raises ValueError if the request or group is unknown."""
     def has_request(self, req_id: int) -> bool: ...
     def num_requests(self) -> int:
         """Requests with a table."""
@@ -280,6 +304,10 @@ class BatchBuilder:
               first token in the flat arrays.
             - ``logits_indices`` int64 ``[B]``: ``query_start_loc[1:] - 1``, the
               row of each request's last scheduled token.
+            - With ``G > 1`` KV cache groups, also ``group_slot_mapping`` int64
+              ``[G - 1, T]`` and ``group_block_tables`` int32 ``[G - 1, B, M]``:
+              groups 1.. (``slot_mapping`` / ``block_tables`` are group 0's);
+              -1 marks blocks a sliding window released.
 
         Raises:
             ValueError: a request unknown (to this builder or the KV cache

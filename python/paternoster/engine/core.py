@@ -113,6 +113,8 @@ class EngineCore:
             self.runner.num_kv_blocks,
             self.runner.block_size,
             enable_caching=config.cache.enable_prefix_caching,
+            # Runners without KV cache groups have one full-attention group.
+            sliding_windows=list(getattr(self.runner, "kv_cache_group_windows", (0,))),
         )
         self.batch_builder = _core.BatchBuilder(self.kv_cache_manager)
         scheduler_cls = load_scheduler_class(config.scheduler.scheduler)

@@ -66,6 +66,11 @@ class AttentionMetadata:
         workspace: the decode kernel's split-K scratch (CUDA), or None.
         batch_invariant: ask the kernels for per-token results independent
             of the rest of the step (CPU).
+        group_slot_mappings: with ``G > 1`` KV cache groups
+            (:mod:`paternoster.model.kv_layout`), groups 1..G-1's slot
+            mappings, each int64[T] (``slot_mapping`` is group 0's).
+        group_block_tables: the same groups' block tables, each int32[B, M]
+            (-1 where a sliding window released a block).
     """
 
     slot_mapping: torch.Tensor
@@ -76,11 +81,27 @@ class AttentionMetadata:
     max_seq_len: int | None = None
     workspace: torch.Tensor | None = None
     batch_invariant: bool = False
+    group_slot_mappings: tuple[torch.Tensor, ...] = ()
+    group_block_tables: tuple[torch.Tensor, ...] = ()
+
+    def for_group(self, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV cache group ``group``'s (slot_mapping, block_tables).
+
+        Raises:
+            IndexError: the step carries no such group.
+        """
+        if group == 0:
+            return self.slot_mapping, self.block_tables
+        if not 0 < group <= len(self.group_block_tables):
+            raise IndexError(f"KV cache group {group} not in this step's metadata "
+                             f"({1 + len(self.group_block_tables)} groups)")
+        return self.group_slot_mappings[group - 1], self.group_block_tables[group - 1]
 
 
 def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           kv_cache: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
-                          scale: float) -> torch.Tensor:
+                          scale: float, sliding_window: int = 0,
+                          kv_group: int = 0) -> torch.Tensor:
     """One layer's attention step.
 
     Args:
@@ -89,20 +110,22 @@ def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v
         kv_cache: (key_cache, value_cache), each [num_blocks, block_size, Hkv, D].
         attn: token placement for this step.
         scale: softmax scale, usually ``D ** -0.5``.
+        sliding_window: the layer's window ``W`` (a query at ``p`` sees keys at
+            ``p - W < k <= p``), 0 for full attention; passed to the kernels
+            as ``sliding_window=`` only when set.
+        kv_group: the layer's KV cache group (its slot mapping and block
+            tables in ``attn``).
     Returns:
         [T, Hq, D] attention output, model dtype.
     """
     key_cache, value_cache = kv_cache
-    ops.reshape_and_cache(k.contiguous(), v.contiguous(), key_cache, value_cache,
-                          attn.slot_mapping)
+    slot_mapping, block_tables = attn.for_group(kv_group)
+    ops.reshape_and_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slot_mapping)
+    extra: dict = {"sliding_window": sliding_window} if sliding_window else {}
     if attn.batch_invariant:
-        return ops.paged_attention(q.contiguous(), key_cache, value_cache, attn.block_tables,
-                                   attn.seq_lens, attn.query_start_loc, scale,
-                                   batch_invariant=True)
-    if attn.max_query_len is None:
-        return ops.paged_attention(q.contiguous(), key_cache, value_cache, attn.block_tables,
-                                   attn.seq_lens, attn.query_start_loc, scale)
-    return ops.paged_attention(q.contiguous(), key_cache, value_cache, attn.block_tables,
-                               attn.seq_lens, attn.query_start_loc, scale,
-                               max_query_len=attn.max_query_len, max_seq_len=attn.max_seq_len,
-                               workspace=attn.workspace)
+        extra["batch_invariant"] = True
+    elif attn.max_query_len is not None:
+        extra.update(max_query_len=attn.max_query_len, max_seq_len=attn.max_seq_len,
+                     workspace=attn.workspace)
+    return ops.paged_attention(q.contiguous(), key_cache, value_cache, block_tables,
+                               attn.seq_lens, attn.query_start_loc, scale, **extra)

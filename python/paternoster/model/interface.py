@@ -100,6 +100,10 @@ class Runner(Protocol):
     Attributes:
         num_kv_blocks: KV cache blocks the runner holds (per layer).
         block_size: tokens per KV block.
+        kv_cache_group_windows: optional; per KV cache group (layers sharing
+            block tables, :mod:`paternoster.model.kv_layout`) its sliding window
+            in tokens, 0 for full attention. A runner without it has one
+            full-attention group.
         max_model_len: context cap in tokens (prompt + output).
         vocab_size: token ids are in ``[0, vocab_size)``.
         eos_token_id: the model's EOS id, or None.

@@ -31,6 +31,7 @@ from torch import nn
 from paternoster import kernels
 from paternoster.kernels import QuantizedWeight
 from paternoster.model.attention import AttentionMetadata, AttentionOps, paged_attention_layer
+from paternoster.model.kv_layout import KVCacheLayout, layer_windows
 from paternoster.model.llama_weights import LlamaWeights, Weight
 from paternoster.model.rope import RotaryEmbedding, rope_parameters
 
@@ -103,6 +104,11 @@ class LlamaAttention(nn.Module):
     """
 
     use_rope = True
+    #: Attention window in tokens, 0 for full attention (set per layer from
+    #: the config by the model; :func:`paternoster.model.kv_layout.layer_windows`).
+    sliding_window = 0
+    #: The layer's KV cache group (set by the runner: set_kv_cache_layout).
+    kv_group = 0
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps, qkv_bias: bool,
                  o_bias: bool, invariant: bool = False) -> None:
@@ -132,7 +138,8 @@ class LlamaAttention(nn.Module):
         if self.use_rope:
             q, k = rope(q, k)
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        out = paged_attention_layer(self.ops, q, k, v, kv_cache, attn, self.scale)
+        out = paged_attention_layer(self.ops, q, k, v, kv_cache, attn, self.scale,
+                                    sliding_window=self.sliding_window, kv_group=self.kv_group)
         return kernels.linear(out.view(T, self.q_size), self.o_weight, self.o_bias,
                               invariant=self.invariant)
 
@@ -254,6 +261,23 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = self.embed_tokens  # replaced by load_weights if untied
+        for layer, window in zip(self.layers, layer_windows(config), strict=True):
+            layer.self_attn.sliding_window = window
+        self.kv_cache_layout = KVCacheLayout.from_windows(layer_windows(config))
+
+    def set_kv_cache_layout(self, layout: KVCacheLayout) -> None:
+        """Give each layer its KV cache group (whose slot mapping and block
+        tables it reads from the step's metadata).
+
+        Raises:
+            ValueError: the layout is for another number of layers.
+        """
+        if len(layout.layer_groups) != len(self.layers):
+            raise ValueError(f"KV cache layout for {len(layout.layer_groups)} layers, "
+                             f"the model has {len(self.layers)}")
+        for layer, group in zip(self.layers, layout.layer_groups, strict=True):
+            layer.self_attn.kv_group = group
+        self.kv_cache_layout = layout
 
     def make_mlp(self, config, dtype: torch.dtype, index: int, invariant: bool) -> nn.Module:
         """Layer ``index``'s feed-forward block: the dense SwiGLU MLP (MoE
@@ -301,6 +325,8 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
                                                                           torch.bfloat16):
             return None
         if not self.core_only_step(num_tokens) or not self._dense_mlps():
+            return None
+        if self.kv_cache_layout.num_groups > 1:  # the stack reads one block table
             return None
         key = (kv_caches[0][0].data_ptr(), len(kv_caches))
         if getattr(self, "_stack_key", None) != key:

@@ -154,24 +154,6 @@ def resolve_dtype(hf_config, dtype: str, device: str = "cpu") -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def sliding_window(hf_config) -> int | None:
-    """The attention window if any layer uses sliding-window attention, else None.
-
-    We implement full attention only, which equals sliding-window attention of
-    window ``W`` for contexts of at most ``W`` tokens; the runner caps
-    ``max_model_len`` at this value.
-    """
-    window = getattr(hf_config, "sliding_window", None)
-    if not window:
-        return None
-    if getattr(hf_config, "use_sliding_window", True) is False:
-        return None
-    layer_types = getattr(hf_config, "layer_types", None)
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    return int(window)
-
-
 def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of the checkpoint, one file at a time.
 

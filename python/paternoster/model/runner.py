@@ -3,6 +3,7 @@ samples one step."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -14,12 +15,12 @@ from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.attention import AttentionMetadata, AttentionOps, default_attention_ops
 from paternoster.model.interface import ModelInput, ModelRunnerOutput
+from paternoster.model.kv_layout import KVCacheLayout, layer_windows
 from paternoster.model.loader import (
     dummy_model,
     load_hf_config,
     load_model,
     resolve_dtype,
-    sliding_window,
 )
 from paternoster.model.sampler import Sampler
 
@@ -75,15 +76,22 @@ class ModelRunner:
     Attributes:
         hf_config: the transformers config. model_dir: pathlib.Path.
         dtype: torch dtype of weights, activations and KV cache.
-        block_size: tokens per KV block. num_kv_blocks: blocks per layer.
+        block_size: tokens per KV block. num_kv_blocks: blocks in the pool
+            (each holds one block of K and V in every cache slot).
+        kv_layout: the layers' KV cache groups and shared cache slots
+            (:class:`~paternoster.model.kv_layout.KVCacheLayout`).
+        kv_cache_group_windows: each KV cache group's sliding window (0: full
+            attention), for the engine's ``KVCacheManager``.
         max_model_len: context cap in tokens = min(requested or
-            ``max_position_embeddings``, sliding window if any,
-            ``num_kv_blocks * block_size``).
+            ``max_position_embeddings``, the longest context one request can
+            hold in ``num_kv_blocks``: every block in full-attention groups,
+            about a window plus a step's tokens in sliding-window groups).
         vocab_size: logits width V.
         eos_token_id: from ``generation_config.json`` if present, else the
             config (first one if a list), or None.
         kv_caches: per layer (key_cache, value_cache), each
-            [num_kv_blocks, block_size, Hkv, D], zero-initialised.
+            [num_kv_blocks, block_size, Hkv, D], zero-initialised; layers of
+            different KV cache groups share these tensors (``kv_layout``).
 
     Raises:
         ValueError: unsupported architecture or dtype; a KV cache budget too
@@ -112,6 +120,9 @@ class ModelRunner:
         self._kernel_hints = False  # pass max_query_len/max_seq_len/workspace to the ops
         self.sampler = Sampler()
         self._spin = -1  # kernel threads' polling time last set (_set_spin)
+        self.kv_layout = KVCacheLayout.from_windows(layer_windows(cfg))
+        self.kv_cache_group_windows = self.kv_layout.group_windows
+        self._max_chunk = max_num_batched_tokens
         ops = attn_ops if attn_ops is not None else default_attention_ops()
         if self.device.type == "cuda":
             self._init_cuda(model_config, cache_config, ops, attn_ops is None, max_num_seqs,
@@ -126,14 +137,21 @@ class ModelRunner:
             self.model = load_model(self.model_dir, cfg, self.dtype, ops,
                                     max_positions=self.max_model_len,
                                     batch_invariant=model_config.batch_invariant).to(self.device)
-        self.kv_caches = [
-            (self._empty_cache(), self._empty_cache()) for _ in range(self.num_layers)
-        ]
+        self.model.set_kv_cache_layout(self.kv_layout)
+        self.kv_caches = self._allocate_caches()
+
+    def _allocate_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (key_cache, value_cache): the layout's shared slots."""
+        slots = [(self._empty_cache(), self._empty_cache())
+                 for _ in range(self.kv_layout.num_slots)]
+        return [slots[i] for i in self.kv_layout.layer_slots]
 
     def bytes_per_block(self) -> int:
-        """KV cache bytes of one block over all layers, K and V."""
+        """KV cache bytes of one block id, K and V in every cache slot (all
+        layers with one kind of attention; fewer with KV cache groups)."""
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+        slots = self.kv_layout.num_slots
+        return 2 * slots * self.block_size * self.num_kv_heads * self.head_dim * elem
 
     def _num_blocks(self, cache_config: CacheConfig) -> int:
         if cache_config.num_kv_blocks is not None:
@@ -147,7 +165,8 @@ class ModelRunner:
         return int(n)
 
     def _max_model_len(self, model_config: ModelConfig) -> int:
-        return min(self._context_cap(model_config), self.num_kv_blocks * self.block_size)
+        return self.kv_layout.max_tokens(self.num_kv_blocks, self.block_size, self._max_chunk,
+                                         self._context_cap(model_config))
 
     def _context_cap(self, model_config: ModelConfig) -> int:
         """The context limit before the KV cache size is known."""
@@ -159,9 +178,6 @@ class ModelRunner:
                     f"max_position_embeddings={limit}"
                 )
             limit = model_config.max_model_len
-        window = sliding_window(self.hf_config)
-        if window is not None:
-            limit = min(limit, window)  # full attention == sliding window up to W tokens
         return limit
 
     def _eos_token_id(self) -> int | None:
@@ -229,6 +245,7 @@ class ModelRunner:
             seq_lens=t["seq_lens"],
             query_start_loc=t["query_start_loc"],
             batch_invariant=self.model.batch_invariant,
+            **_group_arrays(batch, self.device),
         )
         hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
         return self.model.compute_logits(hidden[t["logits_indices"]])
@@ -274,11 +291,14 @@ class ModelRunner:
                 cache_config.gpu_memory_utilization, max(max_num_batched_tokens, cap),
                 max_num_seqs,
             )
-        self.max_model_len = min(cap, self.num_kv_blocks * self.block_size)
-        self.kv_caches = [
-            (self._empty_cache(), self._empty_cache()) for _ in range(self.num_layers)
-        ]
-        if model_config.cuda_graphs:
+        self.max_model_len = self.kv_layout.max_tokens(self.num_kv_blocks, self.block_size,
+                                                       self._max_chunk, cap)
+        self.model.set_kv_cache_layout(self.kv_layout)
+        self.kv_caches = self._allocate_caches()
+        if model_config.cuda_graphs and self.kv_layout.num_groups > 1:
+            logger.info("CUDA graphs off: the decode graphs hold one block table, this model "
+                        "has %d KV cache groups", self.kv_layout.num_groups)
+        elif model_config.cuda_graphs:
             from paternoster.model.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self.model, self.kv_caches, self.device,
@@ -308,6 +328,9 @@ class ModelRunner:
             query_start_loc=torch.from_numpy(qsl).to(dev),
             max_query_len=chunk, max_seq_len=chunk,
         )
+        extra = self.kv_layout.num_groups - 1
+        attn = dataclasses.replace(attn, group_slot_mappings=(attn.slot_mapping,) * extra,
+                                   group_block_tables=(attn.block_tables,) * extra)
         shape = (1, self.block_size, self.num_kv_heads, self.head_dim)
         caches = [(torch.zeros(shape, dtype=self.dtype, device=dev),) * 2] * self.num_layers
         ids = torch.zeros(num_tokens, dtype=torch.int64, device=dev)
@@ -369,10 +392,23 @@ class ModelRunner:
                 seq_lens=t["seq_lens"], query_start_loc=t["query_start_loc"],
                 max_query_len=max_query_len,
                 max_seq_len=max(1, int(seq_lens.max())) if num_seqs else 1,
+                **_group_arrays(batch, self.device),
             )
             hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
         index = _tensor(batch["logits_indices"], np.int64).to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden[index])
+
+
+def _group_arrays(batch: dict[str, np.ndarray], device: torch.device) -> dict:
+    """``group_slot_mappings`` / ``group_block_tables`` for AttentionMetadata
+    from a batch of several KV cache groups (``group_slot_mapping`` [G - 1, T],
+    ``group_block_tables`` [G - 1, B, M]); empty for one group."""
+    if "group_slot_mapping" not in batch:
+        return {}
+    slots = _tensor(batch["group_slot_mapping"], np.int64).to(device, non_blocking=True)
+    tables = _tensor(batch["group_block_tables"], np.int32).to(device, non_blocking=True)
+    return {"group_slot_mappings": tuple(slots.unbind(0)),
+            "group_block_tables": tuple(tables.unbind(0))}
 
 
 def _tensor(array: np.ndarray, dtype: type) -> torch.Tensor:

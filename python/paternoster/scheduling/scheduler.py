@@ -55,8 +55,10 @@ class Scheduler:
     Args:
         config: per-step limits and the policy's own options.
         kv_cache_manager: ``paternoster._core.KVCacheManager`` (or anything with
-            ``allocate_slots(id, num_tokens) -> bool``, ``can_allocate``,
-            ``num_required_blocks``, ``num_free_blocks`` and ``free(id)``;
+            ``allocate_slots(id, num_tokens, num_computed_tokens) -> bool``,
+            ``can_allocate`` and ``num_required_blocks`` of the same arguments
+            (sliding-window KV cache groups release what the computed count
+            puts out of reach), ``num_free_blocks`` and ``free(id)``;
             prefix caching is used when it has ``enable_caching()`` returning
             True).
         batch_builder: ``paternoster._core.BatchBuilder`` holding each
@@ -263,18 +265,28 @@ class Scheduler:
             return False
         kv = self.kv_cache_manager
         reserved = sum(
-            kv.num_required_blocks(r.internal_id, r.num_tokens)
-            for r in self.running
+            self._blocks_to_finish_prompt(r) for r in self.running
             if r.num_tokens - r.num_computed_tokens > 1
         )
-        needed = kv.num_required_blocks(request.internal_id, request.num_tokens)
+        needed = self._blocks_to_finish_prompt(request)
         return needed + reserved <= kv.num_free_blocks()
+
+    def _blocks_to_finish_prompt(self, request: Request) -> int:
+        """Most blocks ``request`` adds before its prompt is done: with
+        sliding-window KV cache groups, the need of its last step (at most
+        the token budget from its end), which bounds every earlier step's
+        (windows release blocks as chunks advance; full groups only grow)."""
+        last_start = max(request.num_computed_tokens,
+                         request.num_tokens - self.config.max_num_batched_tokens)
+        return self.kv_cache_manager.num_required_blocks(
+            request.internal_id, request.num_tokens, last_start)
 
     def can_allocate(self, request: Request, num_new: int) -> bool:
         """Whether the KV blocks for ``num_new`` more computed tokens of
         ``request`` are free (changes nothing)."""
         return self.kv_cache_manager.can_allocate(
-            request.internal_id, request.num_computed_tokens + num_new
+            request.internal_id, request.num_computed_tokens + num_new,
+            request.num_computed_tokens,
         )
 
     def allocate(self, request: Request, num_new: int) -> bool:
@@ -285,7 +297,8 @@ class Scheduler:
             Whether they were allocated (on False nothing changed).
         """
         return self.kv_cache_manager.allocate_slots(
-            request.internal_id, request.num_computed_tokens + num_new
+            request.internal_id, request.num_computed_tokens + num_new,
+            request.num_computed_tokens,
         )
 
     def admit(self, request: Request, out: SchedulerOutput, budget: int) -> int:

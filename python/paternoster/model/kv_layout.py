@@ -1,0 +1,135 @@
+"""How a model's layers map onto KV cache groups and shared cache tensors.
+
+A model whose layers do not all attend the same way (Gemma 3: five
+sliding-window layers per global one; gpt-oss, Qwen2 with
+``max_window_layers``: some of each) gets one *KV cache group* per kind of
+layer, each with its own block tables over one shared block pool (the C++
+``KVCacheManager``; vLLM's hybrid KV cache manager, vLLM v1 design docs,
+"Hybrid KV Cache Manager"). A sliding-window group releases the blocks that
+fall out of its window, so a long request holds about ``window /
+block_size`` blocks there instead of ``context / block_size``.
+
+The memory follows the blocks only if layers of different groups share
+physical cache tensors: each kind's layers are split into groups of ``S``
+layers (``S`` = the fewest layers of any kind), and the cache holds ``S``
+*slots*, tensors ``[num_blocks, block_size, Hkv, D]`` for K and V. Layer
+``j`` of every group uses slot ``j``; as block ids are never in two groups'
+tables at once, they never collide. One block id then costs ``S`` layers of
+KV, and a request costs, per group, its blocks times that. Models with one
+kind of layer keep one group of all layers (``S`` = the layer count): the
+layout before groups existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """Per-layer KV cache group and tensor slot, and each group's window.
+
+    Attributes:
+        group_windows: per group, its sliding window in tokens (0: full
+            attention); the ``sliding_windows`` of ``_core.KVCacheManager``.
+        layer_groups: per layer, its group.
+        layer_slots: per layer, the index of the shared cache tensor it uses.
+        num_slots: cache tensors (K and V each) to allocate.
+    """
+
+    group_windows: tuple[int, ...]
+    layer_groups: tuple[int, ...]
+    layer_slots: tuple[int, ...]
+    num_slots: int
+
+    @classmethod
+    def from_windows(cls, windows: Sequence[int]) -> KVCacheLayout:
+        """The layout for layers with these windows (0 = full attention).
+
+        Kinds of layer are told apart by their window. Each kind's layers, in
+        order, fill groups of ``S`` = the smallest kind's layer count (the
+        last group of a kind may be short: at its blocks' ids the slots it has
+        no layer for stay unwritten, memory allocated but unused).
+
+        Raises:
+            ValueError: no layers, or a negative window.
+        """
+        if not windows:
+            raise ValueError("a model needs at least one layer")
+        if any(w < 0 for w in windows):
+            raise ValueError(f"sliding windows must be >= 0, got {list(windows)}")
+        kinds: dict[int, list[int]] = {}
+        for layer, w in enumerate(windows):
+            kinds.setdefault(int(w), []).append(layer)
+        size = min(len(layers) for layers in kinds.values())
+        group_windows: list[int] = []
+        groups = [0] * len(windows)
+        slots = [0] * len(windows)
+        for w, layers in kinds.items():
+            for start in range(0, len(layers), size):
+                for slot, layer in enumerate(layers[start : start + size]):
+                    groups[layer] = len(group_windows)
+                    slots[layer] = slot
+                group_windows.append(w)
+        return cls(tuple(group_windows), tuple(groups), tuple(slots), size)
+
+    @property
+    def num_groups(self) -> int:
+        """KV cache groups."""
+        return len(self.group_windows)
+
+    def blocks_for(self, num_tokens: int, block_size: int, chunk: int) -> int:
+        """Most blocks one request of ``num_tokens`` tokens holds at once.
+
+        Full-attention groups hold every block; a sliding-window group of
+        window ``W`` at most the blocks of the ``W - 1`` positions before a
+        step's first token plus the step's ``chunk`` tokens (+ 1 for the
+        alignment of both ends), and never more than all of them.
+
+        Args:
+            num_tokens: the request's context (prompt + output), >= 0.
+            block_size: tokens per block, >= 1.
+            chunk: most tokens one step computes for the request, >= 1.
+        """
+        every = -(-num_tokens // block_size)
+        total = 0
+        for w in self.group_windows:
+            reach = -(-(w - 1 + chunk) // block_size) + 1 if w else every
+            total += min(every, reach)
+        return total
+
+    def max_tokens(self, num_blocks: int, block_size: int, chunk: int, cap: int) -> int:
+        """The longest context (at most ``cap``) one request can hold in
+        ``num_blocks`` blocks (:meth:`blocks_for`); 0 if not even one token."""
+        lo, hi = 0, cap
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.blocks_for(mid, block_size, chunk) <= num_blocks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+def layer_windows(hf_config) -> list[int]:
+    """Each layer's attention window in tokens, 0 for full attention.
+
+    A query at position ``p`` of a layer with window ``W`` sees the keys at
+    ``p - W < k <= p`` (transformers' sliding-window causal mask). The config's
+    ``sliding_window`` applies to the layers ``layer_types`` marks
+    ``"sliding_attention"`` (Gemma 3, gpt-oss, Qwen2/3 with
+    ``max_window_layers``), to every layer when there is no ``layer_types``
+    (Mistral, Mixtral, Phi-3), and to none when ``use_sliding_window`` is
+    False (Qwen2/3's default).
+    """
+    n = int(hf_config.num_hidden_layers)
+    window = getattr(hf_config, "sliding_window", None)
+    if not window or getattr(hf_config, "use_sliding_window", True) is False:
+        return [0] * n
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is None:
+        return [int(window)] * n
+    if len(layer_types) != n:
+        raise ValueError(f"config.layer_types has {len(layer_types)} entries for {n} layers")
+    return [int(window) if t == "sliding_attention" else 0 for t in layer_types]
