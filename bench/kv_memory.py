@@ -1,0 +1,90 @@
+"""KV cache bytes one request holds at a long context: KV cache groups
+(sliding-window layers release what falls out of their window) against a
+full-attention allocation of every layer, for real model shapes.
+
+For each shape the per-layer windows come from the transformers config class
+(``layer_types`` / ``sliding_window``), the layout from
+:class:`paternoster.model.kv_layout.KVCacheLayout`, and the blocks from the
+C++ ``KVCacheManager`` itself: one request prefilled in chunks of
+``--chunk`` tokens up to ``--context`` tokens, then ``--decode`` single-token
+steps; the most blocks it held at once, times the bytes of one block id
+(K and V in every shared cache slot). Usage::
+
+    .venv/bin/python bench/kv_memory.py [--context 32768] [--chunk 2048] [--decode 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from paternoster import _core
+from paternoster.model.kv_layout import KVCacheLayout, layer_windows
+
+
+def shapes() -> dict[str, object]:
+    """transformers configs shaped as released checkpoints (layers, KV heads,
+    head size, windows; the other fields do not touch the KV cache)."""
+    from transformers import Gemma3TextConfig, MistralConfig, Qwen2Config
+
+    return {
+        # google/gemma-3-4b-it's text model: 34 layers, 5 local (1024) per global.
+        "Gemma 3 4B": Gemma3TextConfig(num_hidden_layers=34, num_key_value_heads=4,
+                                       head_dim=256, sliding_window=1024),
+        # google/gemma-3-27b-it: 62 layers, 16 KV heads of 128.
+        "Gemma 3 27B": Gemma3TextConfig(num_hidden_layers=62, num_key_value_heads=16,
+                                        head_dim=128, sliding_window=1024),
+        # mistralai/Mistral-7B-v0.1: every layer a 4096 window.
+        "Mistral 7B v0.1": MistralConfig(num_hidden_layers=32, num_key_value_heads=8,
+                                         head_dim=128, sliding_window=4096),
+        # A Qwen2 with max_window_layers (use_sliding_window on): 28 layers, last 4 windowed.
+        "Qwen2 7B, window on": Qwen2Config(num_hidden_layers=28, num_key_value_heads=4,
+                                           hidden_size=3584, num_attention_heads=28,
+                                           use_sliding_window=True, sliding_window=4096,
+                                           max_window_layers=24),
+    }
+
+
+def request_bytes(cfg, context: int, chunk: int, decode: int, block_size: int,
+                  elem: int = 2) -> tuple[int, int, KVCacheLayout]:
+    """(bytes with KV cache groups, bytes with every layer full, layout) for one
+    request of ``context`` prompt tokens and ``decode`` generated ones."""
+    windows = layer_windows(cfg)
+    layout = KVCacheLayout.from_windows(windows)
+    hkv = cfg.num_key_value_heads
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_layer_block = 2 * block_size * hkv * head * elem
+    kv = _core.KVCacheManager(1 << 24, block_size, sliding_windows=list(layout.group_windows))
+    computed, peak = 0, 0
+    while computed < context + decode:
+        step = min(chunk, context - computed) if computed < context else 1
+        assert kv.allocate_slots(0, computed + step, computed)
+        computed += step
+        peak = max(peak, kv.num_request_blocks(0))
+    grouped = peak * layout.num_slots * per_layer_block
+    full = len(windows) * -(-(context + decode) // block_size) * per_layer_block
+    return grouped, full, layout
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--context", type=int, default=32768)
+    p.add_argument("--chunk", type=int, default=2048, help="prefill tokens per step")
+    p.add_argument("--decode", type=int, default=64, help="decode steps after the prompt")
+    p.add_argument("--block-size", type=int, default=16)
+    args = p.parse_args()
+    print(f"one request: {args.context}-token prompt in {args.chunk}-token chunks, "
+          f"{args.decode} decode steps, blocks of {args.block_size}, bfloat16 KV\n")
+    print("| model shape | layers (windowed) | groups x slots | KV cache groups MiB | "
+          "all layers full MiB | saving |")
+    print("|---|---|---|---:|---:|---:|")
+    for name, cfg in shapes().items():
+        grouped, full, layout = request_bytes(cfg, args.context, args.chunk, args.decode,
+                                              args.block_size)
+        windowed = sum(1 for w in layer_windows(cfg) if w)
+        print(f"| {name} | {len(layout.layer_groups)} ({windowed}) | "
+              f"{layout.num_groups} x {layout.num_slots} | {grouped / 2**20:.0f} | "
+              f"{full / 2**20:.0f} | {full / grouped:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
