@@ -8,9 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paternoster.config import CacheConfig, ModelConfig
-from paternoster.model.runner import ModelRunner
-
 from .conftest import greedy_matches_hf_generate, stack_and_python_logits
 from .test_tiny_models import SMALL, _compare
 
@@ -68,9 +65,3 @@ def test_qwen3_decoder_stack_is_bit_identical_to_python_layers(qwen3):
     give the Python layers' bits."""
     logits = stack_and_python_logits(qwen3[0], SMALL["vocab_size"])
     assert torch.equal(logits[True], logits[False])
-
-
-def test_qwen3_sliding_window_is_refused(tmp_path_factory):
-    path, _ = _qwen3(tmp_path_factory, 13, use_sliding_window=True, sliding_window=32)
-    with pytest.raises(ValueError, match="use_sliding_window"):
-        ModelRunner(ModelConfig(model=str(path)), CacheConfig(num_kv_blocks=4))

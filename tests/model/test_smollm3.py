@@ -47,13 +47,11 @@ def test_smollm3_decoder_stack_is_bit_identical_to_python_layers(smollm3):
     assert torch.equal(logits[True], logits[False])
 
 
-def test_smollm3_bad_no_rope_layers_and_sliding_window_are_refused(smollm3, tmp_path):
+def test_smollm3_bad_no_rope_layers_are_refused(smollm3, tmp_path):
     import json
 
     path, _ = smollm3
-    for change, match in (({"no_rope_layers": [1, 1]}, "no_rope_layers"),
-                          ({"use_sliding_window": True, "sliding_window": 16},
-                           "use_sliding_window")):
+    for change, match in (({"no_rope_layers": [1, 1]}, "no_rope_layers"),):
         cfg = json.loads((path / "config.json").read_text())
         cfg.update(change)
         d = tmp_path / match

@@ -54,9 +54,9 @@ class LLM:
         self.engine = EngineCore(config)
         logger.info("%s", self.engine.threads.describe())
         info = self.engine.info
-        self.max_model_len = min(
-            int(info["max_model_len"]), int(info["num_kv_blocks"]) * int(info["block_size"])
-        )
+        # The engine's cap already counts what one request can hold in the KV
+        # cache (with sliding-window groups, more than num_kv_blocks * block_size).
+        self.max_model_len = int(info["max_model_len"])
         vocab = int(info.get("vocab_size") or len(self.tokenizer))
         self.processor = InputProcessor(self.tokenizer, vocab, self.max_model_len)
         self._ids = itertools.count()

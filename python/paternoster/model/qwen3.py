@@ -6,8 +6,9 @@ the hidden size.
 
 Matches HF transformers' ``Qwen3ForCausalLM`` (tests/model/test_qwen3.py):
 norm, then rotate, then attend. Qwen3's optional sliding window
-(``use_sliding_window``, off in every released checkpoint) is refused until
-the KV cache knows sliding-window groups.
+(``use_sliding_window``, off in every released checkpoint: the layers from
+``max_window_layers`` on) runs through the KV cache groups
+(tests/model/test_sliding_window.py).
 """
 
 from __future__ import annotations
@@ -47,15 +48,7 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3 dense models (Qwen3-0.6B … 32B).
 
     Raises:
-        ValueError: ``use_sliding_window`` set in the config (not supported
-            yet), or what :class:`~paternoster.model.llama.LlamaForCausalLM` raises.
+        ValueError: what :class:`~paternoster.model.llama.LlamaForCausalLM` raises.
     """
 
     attention_cls = Qwen3Attention
-
-    def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
-                 max_positions: int | None = None, batch_invariant: bool = False) -> None:
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError("Qwen3 with use_sliding_window=True is not supported yet "
-                             "(sliding-window KV cache groups)")
-        super().__init__(config, dtype, ops, max_positions, batch_invariant)
