@@ -37,42 +37,59 @@ class Chunk:
 
 class BatchMaker:
     """Hands out KV blocks (shuffled ids, so block tables are not contiguous) and
-    turns a list of chunks into the runner's batch arrays."""
+    turns a list of chunks into the runner's batch arrays.
 
-    def __init__(self, num_blocks: int, block_size: int, seed: int = 0) -> None:
+    With ``num_groups`` > 1 (a model with KV cache groups, e.g. full and
+    sliding-window layers: ``runner.kv_layout.num_groups``) every group gets
+    its own blocks, disjoint from the others' as the C++ KVCacheManager's
+    (layers of different groups share cache tensors), in ``group_slot_mapping``
+    / ``group_block_tables``; no block is released out of a window (the
+    kernels skip what a window does not reach).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, seed: int = 0,
+                 num_groups: int = 1) -> None:
         self.block_size = block_size
+        self.num_groups = num_groups
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
-        self.tables: dict[str, list[int]] = {}
+        self.tables: dict[tuple[str, int], list[int]] = {}
 
     def batch(self, chunks: list[Chunk], all_logits: bool = True) -> dict[str, np.ndarray]:
-        bs = self.block_size
-        ids, pos, slots, seq_lens, qsl = [], [], [], [], [0]
+        bs, G = self.block_size, self.num_groups
+        ids, pos, seq_lens, qsl = [], [], [], [0]
+        slots: list[list[int]] = [[] for _ in range(G)]
         for c in chunks:
-            table = self.tables.setdefault(c.seq, [])
-            while len(table) * bs < c.start + c.n:
-                table.append(self.free.pop())
             p = np.arange(c.start, c.start + c.n)
+            for g in range(G):
+                table = self.tables.setdefault((c.seq, g), [])
+                while len(table) * bs < c.start + c.n:
+                    table.append(self.free.pop())
+                slots[g] += (np.asarray(table)[p // bs] * bs + p % bs).tolist()
             ids += c.tokens[c.start : c.start + c.n]
             pos += p.tolist()
-            slots += (np.asarray(table)[p // bs] * bs + p % bs).tolist()
             seq_lens.append(c.start + c.n)
             qsl.append(qsl[-1] + c.n)
-        width = max(len(self.tables[c.seq]) for c in chunks)
-        tables = np.zeros((len(chunks), width), np.int32)
-        for i, c in enumerate(chunks):
-            tables[i, : len(self.tables[c.seq])] = self.tables[c.seq]
+        width = max(len(self.tables[(c.seq, 0)]) for c in chunks)
+        tables = np.zeros((G, len(chunks), width), np.int32)
+        for g in range(G):
+            for i, c in enumerate(chunks):
+                tables[g, i, : len(self.tables[(c.seq, g)])] = self.tables[(c.seq, g)]
         qsl_arr = np.asarray(qsl, np.int32)
         last = qsl_arr[1:].astype(np.int64) - 1
-        return {
+        batch = {
             "input_ids": np.asarray(ids, np.int64),
             "positions": np.asarray(pos, np.int64),
-            "slot_mapping": np.asarray(slots, np.int64),
-            "block_tables": tables,
+            "slot_mapping": np.asarray(slots[0], np.int64),
+            "block_tables": tables[0],
             "seq_lens": np.asarray(seq_lens, np.int32),
             "query_start_loc": qsl_arr,
             "logits_indices": np.arange(len(ids), dtype=np.int64) if all_logits else last,
         }
+        if G > 1:
+            batch["group_slot_mapping"] = np.asarray(slots[1:], np.int64)
+            batch["group_block_tables"] = tables[1:]
+        return batch
 
 
 def hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:
@@ -93,7 +110,7 @@ def greedy_matches_hf_generate(model_dir, hf_model, attn_ops, prompt: list[int],
                                 eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     runner = ModelRunner(ModelConfig(model=str(model_dir), dtype="float32"),
                          CacheConfig(block_size=8, num_kv_blocks=32), attn_ops=attn_ops)
-    maker = BatchMaker(runner.num_kv_blocks, 8, seed=1)
+    maker = BatchMaker(runner.num_kv_blocks, 8, seed=1, num_groups=runner.kv_layout.num_groups)
     tokens, ids = list(prompt), []
     chunk = Chunk("a", tokens, 0, len(prompt))
     for _ in range(n):
@@ -116,7 +133,8 @@ def stack_and_python_logits(model_dir, vocab: int) -> dict[bool, torch.Tensor]:
         runner = ModelRunner(ModelConfig(model=str(model_dir), dtype="bfloat16"),
                              CacheConfig(block_size=8, num_kv_blocks=64))
         runner.model.fused_steps = fused
-        maker = BatchMaker(runner.num_kv_blocks, 8, seed=3)
+        maker = BatchMaker(runner.num_kv_blocks, 8, seed=3,
+                           num_groups=runner.kv_layout.num_groups)
         gen = torch.Generator().manual_seed(4)
         seqs = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (9, 20, 3)]
         runner.execute_model(maker.batch([Chunk(str(i), s, 0, len(s) - 1)

@@ -55,13 +55,25 @@ class EagerGraphs(cuda_graphs.DecodeGraphs):
             self._graphs[size] = (Replay(), hidden)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "smollm3", "qwen3_moe"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "smollm3", "qwen3_moe", "gemma3"])
 def hf_and_dir(request, tmp_path_factory):
     """A tiny Llama, a tiny Qwen3 (per-head q/k norms, weights away from 1), a
-    tiny SmolLM3 (its second layer without RoPE) and a tiny Qwen3-MoE (4
-    experts, 2 per token, a random router)."""
+    tiny SmolLM3 (its second layer without RoPE), a tiny Qwen3-MoE (4
+    experts, 2 per token, a random router) and a tiny Gemma 3 (a sliding and a
+    full layer, norm weights away from 0; the window, 512, caps the context
+    above the longest sequence here)."""
     torch.manual_seed(0)
-    if request.param == "llama":
+    if request.param == "gemma3":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        hf = Gemma3ForCausalLM(Gemma3TextConfig(
+            **CONFIG, sliding_window=512, layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=48, rope_local_base_freq=100.0, pad_token_id=0))
+        with torch.no_grad():
+            for name, param in hf.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.uniform_(-0.5, 0.5)
+    elif request.param == "llama":
         hf = LlamaForCausalLM(LlamaConfig(**CONFIG))
     elif request.param == "qwen3_moe":
         from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -87,7 +99,9 @@ def hf_and_dir(request, tmp_path_factory):
     hf = hf.to(torch.bfloat16)
     d = tmp_path_factory.mktemp(f"tiny-{request.param}-d64")
     hf.save_pretrained(d)
-    return hf.float().eval(), d
+    # The reference reloaded in float32: ``hf.float()`` would keep the RoPE
+    # frequency buffers rounded to bfloat16 (off by 6 % at 300 tokens for Gemma 3).
+    return type(hf).from_pretrained(d, dtype=torch.float32).eval(), d
 
 
 def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
@@ -113,7 +127,7 @@ def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
 
     rng = np.random.default_rng(1)
     seqs = [rng.integers(0, CONFIG["vocab_size"], n).tolist() for n in (300, 7, 40)]
-    maker = BatchMaker(runner.num_kv_blocks, BLOCK, seed=3)
+    maker = BatchMaker(runner.num_kv_blocks, BLOCK, seed=3, num_groups=runner.kv_layout.num_groups)
     logits = {i: [] for i in range(3)}
     # a prefill step (the CUDA execute path, eager: max_query_len 300) ...
     batch = maker.batch([Chunk(str(i), s, 0, len(s)) for i, s in enumerate(seqs)],

@@ -1,6 +1,6 @@
 """Sliding-window attention end to end: tiny random-weight Mistral (every
-layer windowed: one KV cache group that releases blocks) and Qwen2, Qwen3
-and SmolLM3 with ``use_sliding_window`` (full and windowed layers: two
+layer windowed: one KV cache group that releases blocks), Gemma 3 and Qwen2,
+Qwen3 and SmolLM3 with ``use_sliding_window`` (full and windowed layers: two
 groups sharing cache slots) through the whole engine (C++ KVCacheManager and BatchBuilder, the
 scheduler, the runner), greedy ids against HF transformers' own ``generate``
 in float32 far past the window: whole prompts, chunked prefill with chunk
@@ -80,6 +80,26 @@ def smollm3_window(tmp_path_factory):
     return path, model.eval()
 
 
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(35)
+    types = ["sliding_attention", "full_attention", "sliding_attention"]
+    cfg = Gemma3TextConfig(**{**SMALL, "num_hidden_layers": 3}, head_dim=16,
+                           query_pre_attn_scalar=16, sliding_window=WINDOW, layer_types=types,
+                           rope_theta=1000.0, rope_local_base_freq=100.0, pad_token_id=0,
+                           initializer_range=0.1)
+    model = Gemma3ForCausalLM(cfg).float()
+    with torch.no_grad():  # Gemma norms scale by 1 + w: move w away from 0
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(-0.5, 0.5)
+    path = tmp_path_factory.mktemp("gemma3_window")
+    model.save_pretrained(path)
+    return path, model.eval()
+
+
 def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     with torch.inference_mode():
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
@@ -117,7 +137,10 @@ def prompts(seed: int, lengths=(5, 23, 41)) -> dict[str, list[int]]:
             for n in lengths}
 
 
-@pytest.mark.parametrize("model", ["mistral", "qwen2_mixed", "qwen3_mixed", "smollm3_window"])
+MODELS = ["mistral", "qwen2_mixed", "qwen3_mixed", "smollm3_window", "gemma3"]
+
+
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("chunk", [256, 5], ids=["whole-prompts", "chunks-of-5"])
 def test_greedy_matches_hf_generate_past_the_window(model, chunk, request):
     path, hf = request.getfixturevalue(model)
@@ -130,7 +153,7 @@ def test_greedy_matches_hf_generate_past_the_window(model, chunk, request):
         assert got[rid] == hf_greedy(hf, p, NEW_TOKENS), rid
 
 
-@pytest.mark.parametrize("model", ["mistral", "qwen2_mixed"])
+@pytest.mark.parametrize("model", ["mistral", "gemma3"])
 def test_prefix_cache_hits_past_the_window(model, request):
     path, hf = request.getfixturevalue(model)
     base = prompts(2, lengths=(37,))["r37"]
@@ -142,7 +165,7 @@ def test_prefix_cache_hits_past_the_window(model, request):
         assert got[rid] == hf_greedy(hf, p, NEW_TOKENS), rid
 
 
-@pytest.mark.parametrize("model", ["mistral", "qwen2_mixed"])
+@pytest.mark.parametrize("model", ["mistral", "gemma3"])
 def test_preemption_past_the_window(model, request):
     # Few blocks for three long requests at once: some are preempted and
     # recomputed; their tokens must not change.

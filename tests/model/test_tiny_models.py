@@ -61,7 +61,8 @@ def _compare(model_dir, hf, attn_ops, lengths=(1, 37, 150, 90)):
                          CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=128), attn_ops=attn_ops)
     gen = torch.Generator().manual_seed(7)
     seqs = [torch.randint(0, SMALL["vocab_size"], (n,), generator=gen).tolist() for n in lengths]
-    maker = BatchMaker(runner.num_kv_blocks, BLOCK_SIZE, seed=5)
+    maker = BatchMaker(runner.num_kv_blocks, BLOCK_SIZE, seed=5,
+                       num_groups=runner.kv_layout.num_groups)
     # Step 1: first half of every sequence; step 2: the rest (chunked prefill + decode).
     halves = [len(s) // 2 for s in seqs]
     runner.execute_model(maker.batch(

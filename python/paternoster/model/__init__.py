@@ -1,4 +1,4 @@
-"""The model side: our Llama/Qwen2/Qwen3(-MoE)/SmolLM3 modules over a paged KV
+"""The model side: our Llama/Qwen2/Qwen3(-MoE)/SmolLM3/Gemma 3 modules over a paged KV
 cache, weight loading, the ModelRunner, the Sampler and the embedded default model.
 
 Modules (import them directly; this package imports nothing heavy):
@@ -11,6 +11,7 @@ Modules (import them directly; this package imports nothing heavy):
     mixtral        MixtralForCausalLM (Mistral attention, routed experts)
     smollm3        SmolLM3ForCausalLM (no RoPE in every fourth layer)
     phi3           Phi3ForCausalLM (fused projections in the checkpoint)
+    gemma3         Gemma3ForCausalLM (four norms per layer, GeGLU, local and global RoPE)
     rope           rotary embedding tables (default, linear, llama3 scaling)
     attention      AttentionMetadata and the per-layer paged-attention step
     runner         ModelRunner: model + KV cache, one forward per engine step

@@ -119,7 +119,8 @@ def layer_windows(hf_config) -> list[int]:
     ``p - W < k <= p`` (transformers' sliding-window causal mask). The config's
     ``sliding_window`` applies to the layers ``layer_types`` marks
     ``"sliding_attention"`` (Gemma 3, gpt-oss, Qwen2/3 with
-    ``max_window_layers``), to every layer when there is no ``layer_types``
+    ``max_window_layers``; older Gemma 3 configs: all but every
+    ``sliding_window_pattern``-th), to every layer when there is neither
     (Mistral, Mixtral, Phi-3), and to none when ``use_sliding_window`` is
     False (Qwen2/3's default).
     """
@@ -128,6 +129,10 @@ def layer_windows(hf_config) -> list[int]:
     if not window or getattr(hf_config, "use_sliding_window", True) is False:
         return [0] * n
     layer_types = getattr(hf_config, "layer_types", None)
+    pattern = getattr(hf_config, "sliding_window_pattern", None)
+    if layer_types is None and pattern:  # older Gemma 3 configs: every pattern-th layer full
+        layer_types = ["full_attention" if (i + 1) % int(pattern) == 0 else "sliding_attention"
+                       for i in range(n)]
     if layer_types is None:
         return [int(window)] * n
     if len(layer_types) != n:

@@ -138,10 +138,17 @@ class LlamaAttention(nn.Module):
         if self.use_rope:
             q, k = rope(q, k)
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
-        out = paged_attention_layer(self.ops, q, k, v, kv_cache, attn, self.scale,
-                                    sliding_window=self.sliding_window, kv_group=self.kv_group)
+        out = self.attend(q, k, v, kv_cache, attn)
         return kernels.linear(out.view(T, self.q_size), self.o_weight, self.o_bias,
                               invariant=self.invariant)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
+               attn: AttentionMetadata) -> torch.Tensor:
+        """The paged-attention step (q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``
+        after RoPE -> ``[T, Hq, D]``): causal, within ``sliding_window`` when
+        set, through the layer's KV cache group."""
+        return paged_attention_layer(self.ops, q, k, v, kv_cache, attn, self.scale,
+                                     sliding_window=self.sliding_window, kv_group=self.kv_group)
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head normalization of q ``[T, Hq, D]`` and k ``[T, Hkv, D]``
@@ -232,6 +239,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
 
     qkv_bias = False  # Qwen2 overrides
     attention_cls: type[LlamaAttention] = LlamaAttention  # Qwen3 overrides
+    norm_cls: type[nn.Module] = RMSNorm  # the final norm (Gemma 3 overrides)
     #: Run CPU steps whose matrix multiplies all take the core's kernels (see
     #: ``_decoder_stack``) as one call into the core's decoder stack: the
     #: same kernels in the same order, without the Python per-kernel cost.
@@ -254,12 +262,10 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         )
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, ops, qkv_bias, attention_bias, batch_invariant,
-                              self.attention_cls,
-                              self.make_mlp(config, dtype, i, batch_invariant))
+            self.make_layer(config, dtype, ops, i, qkv_bias, attention_bias, batch_invariant)
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.norm = self.norm_cls(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = self.embed_tokens  # replaced by load_weights if untied
         for layer, window in zip(self.layers, layer_windows(config), strict=True):
             layer.self_attn.sliding_window = window
@@ -278,6 +284,14 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         for layer, group in zip(self.layers, layout.layer_groups, strict=True):
             layer.self_attn.kv_group = group
         self.kv_cache_layout = layout
+
+    def make_layer(self, config, dtype: torch.dtype, ops: AttentionOps, index: int,
+                   qkv_bias: bool, o_bias: bool, invariant: bool) -> nn.Module:
+        """Decoder layer ``index``: the pre-norm Llama block with
+        :attr:`attention_cls` and :meth:`make_mlp`'s feed-forward block
+        (Gemma 3 overrides with its own block)."""
+        return LlamaDecoderLayer(config, dtype, ops, qkv_bias, o_bias, invariant,
+                                 self.attention_cls, self.make_mlp(config, dtype, index, invariant))
 
     def make_mlp(self, config, dtype: torch.dtype, index: int, invariant: bool) -> nn.Module:
         """Layer ``index``'s feed-forward block: the dense SwiGLU MLP (MoE

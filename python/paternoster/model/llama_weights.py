@@ -22,6 +22,10 @@ Weight = torch.Tensor | QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
+#: Norms around the feed-forward block that some layers have besides
+#: ``input_layernorm`` and ``post_attention_layernorm`` (Gemma 3).
+_FEEDFORWARD_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+
 
 class LlamaWeights:
     """The weight-loading half of the Llama-family model; expects ``config``,
@@ -64,9 +68,12 @@ class LlamaWeights:
             "input_layernorm.weight": (layer.input_layernorm, "weight", 0, h),
             "post_attention_layernorm.weight": (layer.post_attention_layernorm, "weight", 0, h),
         }
-        if getattr(attn, "q_norm", None) is not None:  # Qwen3
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
             table["self_attn.q_norm.weight"] = (attn.q_norm, "weight", 0, attn.head_dim)
             table["self_attn.k_norm.weight"] = (attn.k_norm, "weight", 0, attn.head_dim)
+        for norm in _FEEDFORWARD_NORMS:  # Gemma 3
+            if hasattr(layer, norm):
+                table[f"{norm}.weight"] = (getattr(layer, norm), "weight", 0, h)
         target = table.get(rest)
         if target is None or getattr(target[0], target[1]) is None:
             return None
@@ -194,8 +201,9 @@ class LlamaWeights:
                 rests += [f"self_attn.{p}_proj.bias" for p in "qkv"]
             if attn.o_bias is not None:
                 rests.append("self_attn.o_proj.bias")
-            if getattr(attn, "q_norm", None) is not None:  # Qwen3
+            if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
                 rests += [f"self_attn.{p}_norm.weight" for p in "qk"]
+            rests += [f"{norm}.weight" for norm in _FEEDFORWARD_NORMS if hasattr(layer, norm)]
             if isinstance(mlp, SparseMoeBlock):
                 prefix, *projs = mlp.checkpoint_names
                 rests.append(f"{prefix}.gate.weight")

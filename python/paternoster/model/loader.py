@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from paternoster.model.attention import AttentionOps
+from paternoster.model.gemma3 import Gemma3ForCausalLM
 from paternoster.model.gguf import gguf_weights, is_gguf, load_gguf_config
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from paternoster.model.mixtral import MixtralForCausalLM
@@ -25,6 +26,7 @@ from paternoster.model.smollm3 import SmolLM3ForCausalLM
 logger = logging.getLogger(__name__)
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
@@ -34,7 +36,8 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+_MODEL_TYPES = {"gemma3_text": "Gemma3ForCausalLM",
+                "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                 "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                 "qwen3_moe": "Qwen3MoeForCausalLM", "smollm3": "SmolLM3ForCausalLM"}

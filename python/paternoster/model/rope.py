@@ -18,17 +18,21 @@ from torch import nn
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
-def rope_parameters(config) -> dict:
+def rope_parameters(config, layer_type: str = "full_attention") -> dict:
     """The config's RoPE settings as one dict with ``rope_type`` and ``rope_theta``.
 
     Reads transformers 5's ``config.rope_parameters`` or, failing that, the 4.x
-    pair ``rope_theta`` + ``rope_scaling``.
+    pair ``rope_theta`` + ``rope_scaling``. Where transformers 5 keeps one dict
+    per layer type (Gemma 3: ``{"full_attention": {...}, "sliding_attention":
+    {...}}``), the one of ``layer_type`` is read.
 
     Raises:
         ValueError: a rope type other than :data:`SUPPORTED_ROPE_TYPES`, or a
             partial rotary factor (not used by the supported architectures).
     """
     params = dict(getattr(config, "rope_parameters", None) or {})
+    if isinstance(params.get(layer_type), dict):  # per layer type
+        params = dict(params[layer_type])
     if not params:
         params = dict(getattr(config, "rope_scaling", None) or {})
         params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
