@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral without sliding window) and
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, its sliding window through the KV cache groups) and
 Qwen2 (the same with q/k/v biases), written for a flattened, unpadded batch and
 a paged KV cache.
 

@@ -6,7 +6,8 @@ renormalized, as Mixtral's router does). Checkpoint names:
 (gate), ``w3`` (up), ``w2`` (down).
 
 Matches HF transformers' ``MixtralForCausalLM`` (tests/model/test_mixtral.py).
-A configured sliding window caps the context, as for Mistral. CPU steps run
+A configured sliding window runs through the KV cache groups, as Mistral's
+(:mod:`paternoster.model.kv_layout`). CPU steps run
 the Python layers (no MoE block in the core's decoder stack yet).
 """
 
