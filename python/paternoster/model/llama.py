@@ -1,6 +1,6 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, its sliding window through the KV cache groups) and
-Qwen2 (the same with q/k/v biases), written for a flattened, unpadded batch and
-a paged KV cache.
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral with its sliding window)
+and Qwen2 (the same with q/k/v biases), written for a flattened, unpadded
+batch and a paged KV cache.
 
 Architecture after Touvron et al. 2023 ("Llama 2"): pre-norm RMSNorm blocks of
 grouped-query attention with RoPE and a SwiGLU MLP. The q/k/v projections are
