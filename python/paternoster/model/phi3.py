@@ -8,8 +8,9 @@ Matches HF transformers' ``Phi3ForCausalLM`` (tests/model/test_phi3.py) for
 checkpoints with full-dimension RoPE without scaling (Phi-3-mini-4k,
 Phi-3-medium-4k); Phi-3-mini-4k's sliding window (2047) runs through the KV
 cache groups as Mistral's (:mod:`paternoster.model.kv_layout`). LongRoPE
-scaling (the 128k variants, Phi-3.5) and partial rotation (Phi-4-mini, ``partial_rotary_factor`` 0.75) are refused by the RoPE
-setup with the reason.
+scaling (the 128k variants, Phi-3.5) and partial rotation (Phi-4-mini,
+``partial_rotary_factor`` 0.75) are refused by the RoPE setup with the
+reason.
 """
 
 from __future__ import annotations
