@@ -321,10 +321,14 @@ def _paged_attention_ptr(
     scale: float,
     dtype: DType,
     batch_invariant: bool = False,
+    sliding_window: int = 0,
 ) -> None:
     """Paged attention on raw CPU data pointers (contiguous layouts as documented
     in :func:`paternoster.kernels.paged_attention`); ``batch_invariant``: one
-    work item per query token. Releases the GIL. Checks sizes,
+    work item per query token; ``sliding_window``: W > 0 limits each query to
+    its last W positions (0: full causal; negative: ValueError); block ids of
+    blocks wholly before the first query's window are neither read nor
+    checked. Releases the GIL. Checks sizes,
     ``query_start_loc``, ``seq_lens`` and block ids against ``num_blocks``, raising
     ValueError before writing; cannot check that the pointers are valid. Use
     :func:`paternoster.kernels.paged_attention` instead."""
