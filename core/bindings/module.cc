@@ -426,7 +426,7 @@ PYBIND11_MODULE(_core, m) {
              c.batch_invariant = batch_invariant;
              std::vector<DecoderLayer> ls;
              for (const auto& f : layers) {
-               if (f.size() != 19) throw std::invalid_argument("a layer needs 19 fields");
+               if (f.size() != 20) throw std::invalid_argument("a layer needs 20 fields");
                auto w = [&](size_t i) {
                  return DecoderWeight{ptr<const void>(f[i]), static_cast<WeightFormat>(f[i + 1]),
                                       ptr<const void>(f[i + 2])};
@@ -443,6 +443,7 @@ PYBIND11_MODULE(_core, m) {
                l.q_norm = ptr<const void>(f[16]);
                l.k_norm = ptr<const void>(f[17]);
                l.use_rope = f[18] != 0;
+               l.sliding_window = static_cast<int64_t>(f[19]);
                ls.push_back(l);
              }
              return new DecoderStack(c, std::move(ls), ptr<const void>(final_norm));

@@ -483,9 +483,10 @@ class DecoderStack:
         layers: list[list[int]],
         final_norm: int,
     ) -> None:
-        """``layers``: per layer 16 ints: input norm, post-attention norm, then
-        (weight, format, bias) for qkv, o, gate_up, down, then the key and value
-        caches. ValueError naming a bad field."""
+        """``layers``: per layer 20 ints: input norm, post-attention norm, then
+        (weight, format, bias) for qkv, o, gate_up, down, the key and value
+        caches, the q and k norms (0: none), use_rope (0/1) and the sliding
+        window (0: none). ValueError naming a bad field."""
 
     def _forward_ptr(
         self,
