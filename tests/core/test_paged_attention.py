@@ -494,3 +494,11 @@ def test_sliding_window_rejects_negative(good_args):
     with pytest.raises(ValueError, match="sliding_window"):
         _core._paged_attention_ptr(0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 8, 1, 8, 1, 1.0,
                                    _core.DType.float32, False, -3)
+
+
+def test_sliding_window_takes_integers_only(good_args):
+    ref = kernels.paged_attention(**good_args, sliding_window=3)
+    assert torch.equal(kernels.paged_attention(**good_args, sliding_window=np.int64(3)), ref)
+    for bad in (2.5, "3", True):
+        with pytest.raises(ValueError, match="sliding_window"):
+            kernels.paged_attention(**good_args, sliding_window=bad)

@@ -13,6 +13,7 @@ without paged-attention kernels.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from numbers import Integral
 from types import MappingProxyType
 from typing import Any
 
@@ -84,8 +85,9 @@ class Backend:
         """
         if batch_invariant and not self.batch_invariant_attention:
             raise ValueError(f"{type(self).__name__} has no batch-invariant attention")
-        if isinstance(sliding_window, bool) or not isinstance(sliding_window, int):
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, Integral):
             raise ValueError(f"sliding_window must be an int, got {sliding_window!r}")
+        sliding_window = int(sliding_window)
         if sliding_window < 0:
             raise ValueError(f"sliding_window must be >= 0 (0 = no window), got {sliding_window}")
         sizes = check_attention(query, key_cache, value_cache, block_tables, seq_lens,
