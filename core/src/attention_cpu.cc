@@ -185,6 +185,7 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
   // Check every sequence.
   const int64_t group = num_heads / num_kv_heads;
   int64_t work = 0;  // (query row, key) pairs, causal mask ignored
+  int64_t longest = 0;  // the longest context
   if (query_start_loc[0] < 0) fail("query_start_loc[0] must be >= 0");
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t q_len = int64_t{query_start_loc[b + 1]} - query_start_loc[b];
@@ -214,8 +215,9 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
              std::to_string(row[j]) + " out of range [0, " + std::to_string(num_blocks) + ")");
       }
     }
-    work += q_len * (sliding_window > 0 ? std::min(seq_len, sliding_window + q_len) : seq_len) *
-            num_heads;
+    const bool windowed = sliding_window > 0 && sliding_window < seq_len;
+    work += q_len * (windowed ? std::min(seq_len, sliding_window + q_len) : seq_len) * num_heads;
+    longest = std::max(longest, seq_len);
   }
   if (work == 0) return;
   if (!out || !query || !key_cache || !value_cache || !block_tables) {
@@ -249,7 +251,9 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
                           block_tables, seq_lens,       query_start_loc,
                           num_heads,    num_kv_heads,   head_size,  block_size,
                           max_blocks_per_seq,           scale,      dtype,
-                          sliding_window};
+                          // a window covering every context is none (and
+                          // keeps the kernel's position arithmetic small)
+                          sliding_window < longest ? sliding_window : 0};
   const size_t scratch_floats = detail::attn_scratch_floats(max_rows, head_size, block_size);
   auto run_item = [&](int64_t i) {
     tile_fn(params, items[static_cast<size_t>(i)], thread_scratch(scratch_floats));

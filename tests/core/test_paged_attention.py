@@ -423,7 +423,7 @@ def test_window_covering_the_context_is_full_attention(dtype):
         rng, q_lens, context, 9, 3, 64, 16, dtype)
     meta = (torch.from_numpy(tables), torch.from_numpy(seq_lens), torch.from_numpy(qsl))
     full = kernels.paged_attention(query, k_cache, v_cache, *meta, 0.125)
-    for window in (int(seq_lens.max()), int(seq_lens.max()) + 1, 2**40):
+    for window in (int(seq_lens.max()), int(seq_lens.max()) + 1, 2**40, 2**63 - 1):
         out = kernels.paged_attention(query, k_cache, v_cache, *meta, 0.125,
                                       sliding_window=window)
         assert torch.equal(out, full)

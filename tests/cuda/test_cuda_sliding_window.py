@@ -139,6 +139,7 @@ def test_window_covering_the_context_is_full_attention(place):
     full = run(place, case, 0)
     assert torch.equal(run(place, case, int(case["seq_lens"].max())), full)
     assert torch.equal(run(place, case, 2**40), full)
+    assert torch.equal(run(place, case, 2**63 - 1), full)
     assert_matches_reference(full, case, 0)
 
 
