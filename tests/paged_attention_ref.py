@@ -5,7 +5,9 @@ block table, a causal mask, a plain softmax.
 
 Query row i of sequence b (``q_len = query_start_loc[b+1] - query_start_loc[b]``)
 sits at position ``seq_lens[b] - q_len + i`` and attends to positions
-``0 ..`` that position; query head h reads kv head ``h // (Hq // Hkv)``.
+``0 ..`` that position (with a sliding window W > 0, to the positions
+``p - W < k <= p``: HF transformers' sliding-window causal mask); query head h
+reads kv head ``h // (Hq // Hkv)``.
 :class:`ReferenceAttentionOps` wraps it in the model's attention-ops interface
 (:class:`paternoster.model.attention.AttentionOps`).
 """
@@ -18,7 +20,7 @@ import torch
 def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor,
                               value_cache: torch.Tensor, block_tables: torch.Tensor,
                               seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                              scale: float) -> torch.Tensor:
+                              scale: float, sliding_window: int = 0) -> torch.Tensor:
     """Causal attention over a paged KV cache in float64.
 
     Args:
@@ -26,6 +28,8 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor,
             block_size, Hkv, D]``. block_tables: ``[B, M]`` block ids.
         seq_lens: ``[B]`` context lengths including the new tokens.
         query_start_loc: ``[B + 1]`` row offsets. scale: softmax scale.
+        sliding_window: W > 0: each query sees its last W positions; 0: all.
+            Only the table entries of positions some query sees are read.
     Returns:
         float64 ``[T, Hq, D]`` on ``query``'s device; rows of no sequence are 0.
     """
@@ -40,13 +44,16 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor,
         seq_len, q_len = int(seq_lens[b]), end - start
         if q_len == 0:
             continue
-        pos = torch.arange(seq_len, device=q.device)
+        first = max(0, seq_len - q_len - sliding_window + 1) if sliding_window else 0
+        pos = torch.arange(first, seq_len, device=q.device)
         blocks, offsets = tables[b][pos // block_size], pos % block_size
         k = key_cache[blocks, offsets].double().repeat_interleave(group, dim=1)  # [L, Hq, D]
         v = value_cache[blocks, offsets].double().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[start:end], k) * scale
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device).unsqueeze(1)
         scores.masked_fill_(pos.unsqueeze(0) > q_pos, float("-inf"))
+        if sliding_window:
+            scores.masked_fill_(pos.unsqueeze(0) <= q_pos - sliding_window, float("-inf"))
         out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
     return out
 
@@ -77,11 +84,12 @@ class ReferenceAttentionOps:
     def paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                         value_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                        out: torch.Tensor | None = None, **hints) -> torch.Tensor:
+                        out: torch.Tensor | None = None, *, sliding_window: int = 0,
+                        **hints) -> torch.Tensor:
         """See :func:`paged_attention_reference`; writes the rows of the
         sequences into ``out`` (new if not given) in the query's dtype."""
         ref = paged_attention_reference(query, key_cache, value_cache, block_tables, seq_lens,
-                                        query_start_loc, scale)
+                                        query_start_loc, scale, sliding_window)
         if out is None:
             out = torch.zeros_like(query)
         first, last = int(query_start_loc[0]), int(query_start_loc[-1])

@@ -74,7 +74,7 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
                          int64_t num_tokens, int64_t num_seqs, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
                          int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype,
-                         bool batch_invariant);
+                         bool batch_invariant, int64_t sliding_window);
 
 // Rows (query tokens x heads of one kv group) per work item for prefill: big
 // enough that each K/V block is converted once for many rows (and fills the
@@ -86,6 +86,12 @@ constexpr int64_t kTileRows = 64;
 // alone: waking a worker costs tens of microseconds, about what this much
 // work takes.
 constexpr int64_t kMinParallelPairs = 16384;
+
+// First position a query at `pos` attends to under sliding window `window`
+// (0: no window).
+int64_t window_start(int64_t pos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+}
 
 // Per-thread scratch, grown on demand.
 float* thread_scratch(size_t floats) {
@@ -111,10 +117,11 @@ void paged_attention(void* out, const void* query, const void* key_cache,
                      const int32_t* seq_lens, const int32_t* query_start_loc, int64_t num_tokens,
                      int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                      int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
-                     float scale, DType dtype, bool batch_invariant) {
+                     float scale, DType dtype, bool batch_invariant, int64_t sliding_window) {
   run_paged_attention(isa().fn, out, query, key_cache, value_cache, block_tables, seq_lens,
                       query_start_loc, num_tokens, num_seqs, num_heads, num_kv_heads, head_size,
-                      num_blocks, block_size, max_blocks_per_seq, scale, dtype, batch_invariant);
+                      num_blocks, block_size, max_blocks_per_seq, scale, dtype, batch_invariant,
+                      sliding_window);
 }
 
 namespace detail {
@@ -131,13 +138,14 @@ void paged_attention_isa(const char* isa_name, void* out, const void* query,
                          const int32_t* query_start_loc, int64_t num_tokens, int64_t num_seqs,
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                          int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
-                         float scale, DType dtype, bool batch_invariant) {
+                         float scale, DType dtype, bool batch_invariant,
+                         int64_t sliding_window) {
   for (const Isa& i : available_isas()) {
     if (std::strcmp(i.name, isa_name) == 0) {
       run_paged_attention(i.fn, out, query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, num_tokens, num_seqs, num_heads, num_kv_heads,
                           head_size, num_blocks, block_size, max_blocks_per_seq, scale, dtype,
-                          batch_invariant);
+                          batch_invariant, sliding_window);
       return;
     }
   }
@@ -154,8 +162,11 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
                          int64_t num_tokens, int64_t num_seqs, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
                          int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype,
-                         bool batch_invariant) {
+                         bool batch_invariant, int64_t sliding_window) {
   dtype_size(dtype);
+  if (sliding_window < 0) {
+    fail("sliding_window must be >= 0 (0 = no window), got " + std::to_string(sliding_window));
+  }
   if (num_tokens < 0) fail("num_tokens must be >= 0");
   if (num_seqs < 0) fail("num_seqs must be >= 0");
   require_positive(num_heads, "num_heads");
@@ -174,6 +185,7 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
   // Check every sequence.
   const int64_t group = num_heads / num_kv_heads;
   int64_t work = 0;  // (query row, key) pairs, causal mask ignored
+  int64_t longest = 0;  // the longest context
   if (query_start_loc[0] < 0) fail("query_start_loc[0] must be >= 0");
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t q_len = int64_t{query_start_loc[b + 1]} - query_start_loc[b];
@@ -195,13 +207,17 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
     }
     if (!block_tables) fail("block_tables must not be null");
     const int32_t* row = block_tables + b * max_blocks_per_seq;
-    for (int64_t j = 0; j < blocks; ++j) {
+    // Blocks wholly before the window of the first query row are never read.
+    const int64_t first = window_start(seq_len - q_len, sliding_window) / block_size;
+    for (int64_t j = first; j < blocks; ++j) {
       if (row[j] < 0 || row[j] >= num_blocks) {
         fail(at + "block_tables[" + std::to_string(b) + ", " + std::to_string(j) + "] = " +
              std::to_string(row[j]) + " out of range [0, " + std::to_string(num_blocks) + ")");
       }
     }
-    work += q_len * seq_len * num_heads;
+    const bool windowed = sliding_window > 0 && sliding_window < seq_len;
+    work += q_len * (windowed ? std::min(seq_len, sliding_window + q_len) : seq_len) * num_heads;
+    longest = std::max(longest, seq_len);
   }
   if (work == 0) return;
   if (!out || !query || !key_cache || !value_cache || !block_tables) {
@@ -234,7 +250,10 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
   const AttnParams params{out,          query,          key_cache,  value_cache,
                           block_tables, seq_lens,       query_start_loc,
                           num_heads,    num_kv_heads,   head_size,  block_size,
-                          max_blocks_per_seq,           scale,      dtype};
+                          max_blocks_per_seq,           scale,      dtype,
+                          // a window covering every context is none (and
+                          // keeps the kernel's position arithmetic small)
+                          sliding_window < longest ? sliding_window : 0};
   const size_t scratch_floats = detail::attn_scratch_floats(max_rows, head_size, block_size);
   auto run_item = [&](int64_t i) {
     tile_fn(params, items[static_cast<size_t>(i)], thread_scratch(scratch_floats));

@@ -63,6 +63,9 @@ DecoderStack::DecoderStack(const DecoderConfig& config, std::vector<DecoderLayer
     }
     if (!l.key_cache || !l.value_cache) fail(at + "KV caches must not be null");
     if (!l.q_norm != !l.k_norm) fail(at + "q_norm and k_norm must both be set or both be null");
+    if (l.sliding_window < 0) {
+      fail(at + "sliding_window must be >= 0, got " + std::to_string(l.sliding_window));
+    }
     const DecoderWeight* dense[] = {&l.qkv, &l.o, &l.gate_up, &l.down};
     for (const DecoderWeight* w : dense) {
       const bool is_dense =
@@ -128,7 +131,7 @@ void DecoderStack::forward(void* out, void* x, const int64_t* positions,
     paged_attention(attn, q, l.key_cache, l.value_cache, block_tables, seq_lens,
                     query_start_loc, T, num_seqs, c_.num_heads, c_.num_kv_heads, D,
                     c_.num_blocks, c_.block_size, max_blocks_per_seq, scale, dt,
-                    c_.batch_invariant);
+                    c_.batch_invariant, l.sliding_window);
     linear(proj, dt, attn, dt, l.o.data, l.o.format, l.o.bias, T, H, q_size);
     fused_add_rms_norm(proj, residual, l.post_attention_norm, T, H, c_.rms_norm_eps, dt);
     linear(gate_up, dt, proj, dt, l.gate_up.data, l.gate_up.format, l.gate_up.bias, T, 2 * I, H);

@@ -23,10 +23,13 @@ using test::to_bf16;
 struct Case {
   int64_t hq, hkv, d, bs;
   std::vector<int32_t> q_lens, seq_lens;
+  int64_t window = 0;  // sliding window; 0: none
 };
 
 // Builds a random cache/queries for `c`, runs the kernel (variant `isa`) and
-// compares with a double-precision reference; returns the max abs error.
+// compares with a double-precision reference; returns the max abs error. With
+// a window, the table entries of blocks wholly before each sequence's first
+// window are -1 (freed blocks): the kernel must not read them.
 double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -51,6 +54,15 @@ double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
       tables[b * max_blocks + j] = perm[next++];
     }
   }
+  // First position query row i of sequence b sees.
+  auto first_seen = [&](int64_t b, int64_t i) {
+    const int64_t pos = c.seq_lens[b] - c.q_lens[b] + i;
+    return c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+  };
+  std::vector<int32_t> kernel_tables = tables;
+  for (int64_t b = 0; b < b_count; ++b) {
+    for (int64_t j = 0; j < first_seen(b, 0) / c.bs; ++j) kernel_tables[b * max_blocks + j] = -1;
+  }
   const int64_t cache_elems = num_blocks * c.bs * c.hkv * c.d;
   const int64_t q_elems = t_count * c.hq * c.d;
   std::vector<float> kc(cache_elems), vc(cache_elems), q(q_elems);
@@ -67,9 +79,10 @@ double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
   std::vector<float> out_f(q_elems, -7.0f);
   std::vector<uint16_t> kc_h(cache_elems), vc_h(cache_elems), q_h(q_elems), out_h(q_elems);
   if (dtype == DType::kFloat32) {
-    detail::paged_attention_isa(isa, out_f.data(), q.data(), kc.data(), vc.data(), tables.data(),
-                                c.seq_lens.data(), qsl.data(), t_count, b_count, c.hq, c.hkv, c.d,
-                                num_blocks, c.bs, max_blocks, scale, dtype);
+    detail::paged_attention_isa(isa, out_f.data(), q.data(), kc.data(), vc.data(),
+                                kernel_tables.data(), c.seq_lens.data(), qsl.data(), t_count,
+                                b_count, c.hq, c.hkv, c.d, num_blocks, c.bs, max_blocks, scale,
+                                dtype, false, c.window);
   } else {
     for (int64_t i = 0; i < cache_elems; ++i) {
       kc_h[i] = to_bf16(kc[i]);
@@ -77,8 +90,9 @@ double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
     }
     for (int64_t i = 0; i < q_elems; ++i) q_h[i] = to_bf16(q[i]);
     detail::paged_attention_isa(isa, out_h.data(), q_h.data(), kc_h.data(), vc_h.data(),
-                                tables.data(), c.seq_lens.data(), qsl.data(), t_count, b_count,
-                                c.hq, c.hkv, c.d, num_blocks, c.bs, max_blocks, scale, dtype);
+                                kernel_tables.data(), c.seq_lens.data(), qsl.data(), t_count,
+                                b_count, c.hq, c.hkv, c.d, num_blocks, c.bs, max_blocks, scale,
+                                dtype, false, c.window);
     for (int64_t i = 0; i < q_elems; ++i) out_f[i] = from_bf16(out_h[i]);
   }
 
@@ -90,9 +104,10 @@ double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
       const int64_t row = qsl[b] + i;
       for (int64_t h = 0; h < c.hq; ++h) {
         const int64_t g = h / group;
-        std::vector<double> s(pos + 1);
+        const int64_t lo = first_seen(b, i);
+        std::vector<double> s(pos + 1, 0.0);
         double mx = -1e300;
-        for (int64_t t = 0; t <= pos; ++t) {
+        for (int64_t t = lo; t <= pos; ++t) {
           const int64_t slot = tables[b * max_blocks + t / c.bs] * c.bs + t % c.bs;
           double dot = 0;
           for (int64_t x = 0; x < c.d; ++x) {
@@ -102,10 +117,10 @@ double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
           mx = std::max(mx, s[t]);
         }
         double sum = 0;
-        for (auto& x : s) sum += (x = std::exp(x - mx));
+        for (int64_t t = lo; t <= pos; ++t) sum += (s[t] = std::exp(s[t] - mx));
         for (int64_t x = 0; x < c.d; ++x) {
           double o = 0;
-          for (int64_t t = 0; t <= pos; ++t) {
+          for (int64_t t = lo; t <= pos; ++t) {
             const int64_t slot = tables[b * max_blocks + t / c.bs] * c.bs + t % c.bs;
             o += s[t] * vc[(slot * c.hkv + g) * c.d + x];
           }
@@ -139,6 +154,41 @@ TEST(PagedAttention, MatchesReferenceBFloat16AllVariants) {
     EXPECT_LT(run_case(kMixed, DType::kBFloat16, isa.c_str(), 4), 2e-2);
     EXPECT_LT(run_case({4, 4, 40, 32, {1, 40}, {90, 41}}, DType::kBFloat16, isa.c_str(), 5), 2e-2);
   }
+}
+
+// Sliding windows smaller than, not a multiple of, and larger than the block
+// size, over decodes, a prompt longer than the window and prefill chunks whose
+// window boundary falls inside the chunk; narrow (GQA 3) and wide (MHA,
+// group 16) tiles.
+TEST(PagedAttention, SlidingWindowMatchesReferenceAllVariants) {
+  for (const auto& isa : detail::available_attention_isas()) {
+    SCOPED_TRACE(isa);
+    for (const int64_t w : {1, 5, 16, 23, 100, 1000}) {
+      SCOPED_TRACE(w);
+      Case mixed = kMixed;
+      mixed.window = w;
+      EXPECT_LT(run_case(mixed, DType::kFloat32, isa.c_str(), 7), 2e-5);
+      EXPECT_LT(run_case(mixed, DType::kBFloat16, isa.c_str(), 8), 2e-2);
+      EXPECT_LT(run_case({4, 4, 40, 5, {1, 70, 2}, {230, 90, 8}, w}, DType::kFloat32, isa.c_str(),
+                         9),
+                2e-5);
+      EXPECT_LT(run_case({16, 1, 64, 8, {1, 33}, {77, 120}, w}, DType::kFloat32, isa.c_str(), 10),
+                2e-5);
+    }
+  }
+}
+
+TEST(PagedAttention, SlidingWindowRejectsNegativeAndChecksVisibleBlocks) {
+  std::vector<float> buf(4096);
+  std::vector<int32_t> table = {-1, 1}, seq_lens = {20}, qsl = {0, 1};
+  auto call = [&](int64_t window) {
+    paged_attention(buf.data(), buf.data(), buf.data(), buf.data(), table.data(), seq_lens.data(),
+                    qsl.data(), 1, 1, 2, 1, 8, 2, 16, 2, 1.0f, DType::kFloat32, false, window);
+  };
+  EXPECT_THROW(call(-1), std::invalid_argument);
+  EXPECT_THROW(call(0), std::invalid_argument);   // block 0 is read: -1 out of range
+  EXPECT_THROW(call(5), std::invalid_argument);   // the decode at 19 sees 15..19
+  EXPECT_NO_THROW(call(4));                        // 16..19: block 0 skipped
 }
 
 TEST(PagedAttention, TwoThreadsGiveTheSameResult) {

@@ -57,6 +57,12 @@ TEST(DecoderStack, RejectsBadConfigs) {
   q_norm_only.q_norm = buf.data();
   EXPECT_THROW(DecoderStack(small_config(buf.data()), {q_norm_only}, buf.data()),
                std::invalid_argument);
+  DecoderLayer windowed = layer;
+  windowed.sliding_window = 4;
+  EXPECT_NO_THROW(DecoderStack(small_config(buf.data()), {layer, windowed}, buf.data()));
+  windowed.sliding_window = -1;
+  EXPECT_THROW(DecoderStack(small_config(buf.data()), {layer, windowed}, buf.data()),
+               std::invalid_argument);
 }
 
 TEST(DecoderStack, EmptyStepIsANoOp) {

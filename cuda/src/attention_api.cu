@@ -202,6 +202,9 @@ PagedAttentionArgs resolve(const PagedAttentionArgs& a) {
   if (r.max_seq_len < 0) fail("max_seq_len must be >= 0");
   if (r.max_seq_len == 0) r.max_seq_len = 1;
   if (r.workspace_bytes < 0) fail("workspace_bytes must be >= 0");
+  if (a.sliding_window < 0) {
+    fail("sliding_window must be >= 0 (0 = no window), got " + std::to_string(a.sliding_window));
+  }
   if (a.num_seqs == 0 || a.num_tokens == 0 || r.max_query_len == 0) return r;
   if (!a.out || !a.query || !a.key_cache || !a.value_cache || !a.block_tables || !a.seq_lens ||
       !a.query_start_loc) {
@@ -237,7 +240,11 @@ cudaError_t paged_attention(const PagedAttentionArgs& args, cudaStream_t stream)
   const int64_t query_stride = a.query_stride;
   const int64_t out_stride = a.out_stride;
   const int64_t max_query_len = a.max_query_len;
-  const int64_t max_seq_len = a.max_seq_len;
+  // A window shortens every context a decode reads (and so its splits).
+  const int64_t max_seq_len =
+      a.sliding_window > 0 ? std::min(a.max_seq_len, a.sliding_window) : a.max_seq_len;
+  // Windows beyond any int position are no window.
+  const int window = static_cast<int>(std::min<int64_t>(a.sliding_window, 0x7fffffff));
   const int64_t group = a.num_heads / a.num_kv_heads;
   const int64_t token_stride = a.num_kv_heads * a.head_size;
   const int64_t block_stride = a.block_size * token_stride;
@@ -282,6 +289,7 @@ cudaError_t paged_attention(const PagedAttentionArgs& args, cudaStream_t stream)
   d.head_chunks = static_cast<int>(ceil_div(group, gmax));
   d.log2_block_size = log2_bs;
   d.splits = static_cast<int>(splits);
+  d.window = window;
   d.scale_log2 = scale_log2;
   cudaError_t err = detail::launch_decode(d, static_cast<int>(a.dtype),
                                           static_cast<int>(a.head_size), static_cast<int>(gmax),
@@ -308,6 +316,7 @@ cudaError_t paged_attention(const PagedAttentionArgs& args, cudaStream_t stream)
   f.head_chunks = static_cast<int>(ceil_div(group, f.heads_per_chunk));
   f.tile_tokens = static_cast<int>(kPrefillRows / f.heads_per_chunk);
   f.log2_block_size = log2_bs;
+  f.window = window;
   f.scale_log2 = scale_log2;
   return detail::launch_prefill(f, static_cast<int>(a.dtype), static_cast<int>(a.head_size),
                                 static_cast<int>(a.num_seqs), static_cast<int>(a.num_kv_heads),

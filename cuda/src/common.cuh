@@ -105,6 +105,12 @@ __host__ __device__ __forceinline__ int split_chunk_len(int seq_len, int splits)
   return len < static_cast<int>(kMinSplitTokens) ? static_cast<int>(kMinSplitTokens) : len;
 }
 
+// First position a query at `pos` attends to under sliding window `window`
+// (0: no window).
+__host__ __device__ __forceinline__ int window_start(int pos, int window) {
+  return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
 // Decode kernel parameters (see decode_attention.cu).
 struct DecodeParams {
   void* out;
@@ -127,6 +133,7 @@ struct DecodeParams {
   int head_chunks;  // ceil(group / GMAX): thread blocks per kv head
   int log2_block_size;
   int splits;
+  int window;        // sliding window W > 0, or 0: full causal attention
   float scale_log2;  // scale * log2(e)
 };
 
@@ -149,6 +156,7 @@ struct PrefillParams {
   int head_chunks;      // ceil(group / heads_per_chunk)
   int tile_tokens;      // query tokens per thread block (64 / heads_per_chunk)
   int log2_block_size;
+  int window;  // sliding window W > 0, or 0: full causal attention
   float scale_log2;
 };
 

@@ -23,6 +23,8 @@
 // split writes its normalised partial output with its (max, sum) and
 // decode_reduce_kernel merges them: out = sum_z w_z o_z / sum_z w_z with
 // w_z = sum_z * exp2(max_z - max).
+// With a sliding window W the context read is the last W positions, split the
+// same way; the blocks before it are never touched.
 #include <cfloat>
 
 #include "common.cuh"
@@ -103,10 +105,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<GMAX>())
     }
     return;
   }
-  const int chunk_len = split_chunk_len(seq_len, p.splits);
-  const int used = (seq_len + chunk_len - 1) / chunk_len;  // splits this sequence uses
+  // The context read: [ctx0, seq_len), the whole context or the window.
+  const int ctx0 = window_start(seq_len - 1, p.window);
+  const int chunk_len = split_chunk_len(seq_len - ctx0, p.splits);
+  const int used = (seq_len - ctx0 + chunk_len - 1) / chunk_len;  // splits this sequence uses
   if (z >= used) return;
-  const int c0 = z * chunk_len;
+  const int c0 = ctx0 + z * chunk_len;
   const int c1 = min(seq_len, c0 + chunk_len);
 
   // This thread's 8 dimensions of each query head, kept packed (4 registers a
@@ -344,8 +348,9 @@ __global__ void __launch_bounds__(D) decode_reduce_kernel(const DecodeParams p) 
   if (p.query_start_loc[b + 1] - row != 1) return;
   const int seq_len = p.seq_lens[b];
   if (seq_len <= 0) return;
-  const int chunk_len = split_chunk_len(seq_len, p.splits);
-  const int used = (seq_len + chunk_len - 1) / chunk_len;
+  const int ctx_len = seq_len - window_start(seq_len - 1, p.window);
+  const int chunk_len = split_chunk_len(ctx_len, p.splits);
+  const int used = (ctx_len + chunk_len - 1) / chunk_len;
   if (used <= 1) return;  // the attention kernel wrote out directly
   const int64_t base = (static_cast<int64_t>(b) * p.num_heads + h) * p.splits;
   if (threadIdx.x < 32) {

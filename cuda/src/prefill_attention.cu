@@ -6,9 +6,11 @@
 // of one kv head, so one K/V tile serves the whole group. Keys stream through
 // shared memory in tiles of 32 tokens read through the block table; per tile:
 // S = Q K^T on CUDA cores (each thread a 4 rows x 4 keys micro-tile),
-// causal mask, FlashAttention's online softmax (Dao et al., 2022: running row
-// maximum and sum, rescale the accumulator when the maximum grows), then
-// O += P V (each thread 4 rows x D/8 dimensions). fp32 accumulation.
+// causal (and sliding-window) mask, FlashAttention's online softmax (Dao et
+// al., 2022: running row maximum and sum, rescale the accumulator when the
+// maximum grows), then O += P V (each thread 4 rows x D/8 dimensions). fp32
+// accumulation. With a window the key tiles start at the first key the tile's
+// first query sees, so blocks wholly before it are never read.
 // Simple rather than peak-FLOP (no tensor cores): decode, which dominates
 // serving, has its own kernel; the paging follows PagedAttention (Kwon et al.,
 // SOSP'23).
@@ -57,7 +59,8 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PrefillPa
   const int hc = p.heads_per_chunk;
   const int ng = min(hc, p.group - chunk * hc);
   const int h0 = kvh * p.group + chunk * hc;
-  const int kv_end = ctx0 + t0 + nt;  // keys [0, kv_end) are visible to some row
+  const int kv_end = ctx0 + t0 + nt;  // keys [kv_begin, kv_end) are visible to some row
+  const int kv_begin = window_start(ctx0 + t0, p.window);  // 0 without a window
   const int tid = threadIdx.x;
 
   // Q tile -> shared memory (zeros for rows without a query).
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PrefillPa
   const T* kc = static_cast<const T*>(p.key_cache) + head_off;
   const T* vc = static_cast<const T*>(p.value_cache) + head_off;
 
-  for (int k0 = 0; k0 < kv_end; k0 += kKeys) {
+  for (int k0 = kv_begin; k0 < kv_end; k0 += kKeys) {
     // K/V tile -> shared memory; zeros past kv_end (their P is 0, and 0 * garbage
     // could be NaN).
     for (int i = tid; i < kKeys * CPR; i += kThreads) {
@@ -152,7 +155,9 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PrefillPa
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int kpos = k0 + kg + 8 * j;
-        s[i][j] = kpos <= qpos[i] && kpos < kv_end ? s[i][j] * p.scale_log2 : -FLT_MAX;
+        const bool seen = kpos <= qpos[i] && kpos < kv_end &&
+                          (p.window <= 0 || kpos > qpos[i] - p.window);
+        s[i][j] = seen ? s[i][j] * p.scale_log2 : -FLT_MAX;
         mx = fmaxf(mx, s[i][j]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -164,7 +169,8 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PrefillPa
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         // A masked key has p = 0 exactly, also while the row has seen nothing
-        // else (new_max == -FLT_MAX), which only happens to rows without a query.
+        // else (new_max == -FLT_MAX): rows without a query, and with a window
+        // rows whose window starts after this key tile.
         const float e = s[i][j] == -FLT_MAX ? 0.f : exp2f(s[i][j] - new_max);
         p_s[(rg + 16 * i) * PW + kg + 8 * j] = e;
         sum += e;

@@ -115,6 +115,15 @@ TEST(CudaPagedAttention, RejectsTooManySequences) {
   EXPECT_THROW(pc::paged_attention(a, nullptr), std::invalid_argument);
 }
 
+TEST(CudaPagedAttention, RejectsNegativeSlidingWindow) {
+  auto a = decode_args();
+  a.sliding_window = 512;
+  EXPECT_NO_THROW(pc::check_paged_attention_args(a));
+  a.sliding_window = -1;
+  EXPECT_THROW(pc::paged_attention(a, nullptr), std::invalid_argument);
+  EXPECT_THROW(pc::check_paged_attention_args(a), std::invalid_argument);
+}
+
 TEST(CudaPagedAttention, CheckMatchesTheLauncher) {
   auto a = decode_args();
   EXPECT_NO_THROW(pc::check_paged_attention_args(a));

@@ -349,10 +349,14 @@ def _paged_attention_ptr(
     scale: float,
     dtype: DType,
     batch_invariant: bool = False,
+    sliding_window: int = 0,
 ) -> None:
     """Paged attention on raw CPU data pointers (contiguous layouts as documented
     in :func:`paternoster.kernels.paged_attention`); ``batch_invariant``: one
-    work item per query token. Releases the GIL. Checks sizes,
+    work item per query token; ``sliding_window``: W > 0 limits each query to
+    its last W positions (0: full causal; negative: ValueError); block ids of
+    blocks wholly before the first query's window are neither read nor
+    checked. Releases the GIL. Checks sizes,
     ``query_start_loc``, ``seq_lens`` and block ids against ``num_blocks``, raising
     ValueError before writing; cannot check that the pointers are valid. Use
     :func:`paternoster.kernels.paged_attention` instead."""
@@ -507,9 +511,10 @@ class DecoderStack:
         layers: list[list[int]],
         final_norm: int,
     ) -> None:
-        """``layers``: per layer 16 ints: input norm, post-attention norm, then
-        (weight, format, bias) for qkv, o, gate_up, down, then the key and value
-        caches. ValueError naming a bad field."""
+        """``layers``: per layer 20 ints: input norm, post-attention norm, then
+        (weight, format, bias) for qkv, o, gate_up, down, the key and value
+        caches, the q and k norms (0: none), use_rope (0/1) and the sliding
+        window (0: none). ValueError naming a bad field."""
 
     def _forward_ptr(
         self,

@@ -313,3 +313,192 @@ def test_thread_pool_survives_fork():
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         _core.set_num_threads(1)
+
+
+# ------------------------------------------------------------------ sliding window
+
+
+def poison_out_of_window(tables, seq_lens, q_lens, block_size, window, value=-1):
+    """Table entries of blocks wholly before the window of each sequence's
+    first query row set to ``value`` (-1: what the KV cache manager writes for
+    blocks it freed); returns how many were set."""
+    poisoned = 0
+    for b, (n, q) in enumerate(zip(seq_lens, q_lens, strict=True)):
+        first = max(0, int(n) - int(q) - window + 1) // block_size
+        tables[b, :first] = value
+        poisoned += first
+    return poisoned
+
+
+def run_windowed(rng, q_lens, context_lens, hq, hkv, d, bs, dtype, window, poison="-1",
+                 batch_invariant=False):
+    """The kernel with ``sliding_window=window`` against the windowed reference;
+    out-of-window table entries are -1 (``poison="-1"``), point at a block of
+    NaNs that must not reach the output (``"nan"``), or stay (``None``).
+    Returns the output."""
+    query, k_cache, v_cache, tables, seq_lens, qsl = make_batch(
+        rng, q_lens, context_lens, hq, hkv, d, bs, dtype
+    )
+    if poison == "-1":
+        poison_out_of_window(tables, seq_lens, q_lens, bs, window)
+    elif poison == "nan":  # make_batch leaves 5 blocks unused; the last one
+        unused = sorted(set(range(k_cache.shape[0])) - set(tables[tables >= 0].tolist()))
+        k_cache[unused[-1]] = float("nan")
+        v_cache[unused[-1]] = float("nan")
+        assert poison_out_of_window(tables, seq_lens, q_lens, bs, window, unused[-1]) > 0
+    scale = d**-0.5
+    out = kernels.paged_attention(query, k_cache, v_cache, torch.from_numpy(tables),
+                                  torch.from_numpy(seq_lens), torch.from_numpy(qsl), scale,
+                                  batch_invariant=batch_invariant, sliding_window=window)
+    ref = paged_attention_reference(query.float(), k_cache.float(), v_cache.float(),
+                                    torch.from_numpy(tables), torch.from_numpy(seq_lens),
+                                    torch.from_numpy(qsl), scale, window).numpy()
+    got = out.float().numpy()
+    if dtype == torch.float32:
+        np.testing.assert_allclose(got, ref, atol=F32_TOL, rtol=0)
+    else:
+        assert np.abs(got - ref).max() <= BF16_TOL * np.abs(ref).max()
+    return out
+
+
+# Decodes, a whole prompt longer than the window, and prefill chunks over cached
+# context whose first rows' windows start in the cache and last rows' inside
+# the chunk (W = 5 .. 100 against chunks of 3 .. 130 tokens).
+WINDOW_MIXED = ([1, 57, 1, 24, 1, 130, 3, 1], [0, 0, 200, 40, 77, 16, 9, 300])
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 37, 100])
+@pytest.mark.parametrize("heads", [(8, 2), (9, 3), (4, 4), (16, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliding_window_matches_reference(window, heads, dtype):
+    """W smaller than, equal to and not a multiple of the block size; GQA
+    groups that take the narrow and the wide path; out-of-window table
+    entries -1."""
+    rng = np.random.default_rng()
+    run_windowed(rng, *WINDOW_MIXED, *heads, 64, 16, dtype, window)
+
+
+@pytest.mark.parametrize("block_size", [8, 32])
+@pytest.mark.parametrize("head_size", [40, 128])
+def test_sliding_window_block_and_head_sizes(block_size, head_size):
+    rng = np.random.default_rng()
+    for window in (3, 19, 64):
+        run_windowed(rng, *WINDOW_MIXED, 8, 2, head_size, block_size, torch.float32, window)
+        run_windowed(rng, *WINDOW_MIXED, 8, 2, head_size, block_size, torch.bfloat16, window)
+
+
+def test_sliding_window_random_lengths():
+    rng = np.random.default_rng()
+    for _ in range(8):
+        b = int(rng.integers(1, 7))
+        q_lens = rng.integers(1, 90, b) * (rng.random(b) < 0.5) + 1
+        context = rng.integers(0, 200, b)
+        window = int(rng.integers(1, 120))
+        run_windowed(rng, q_lens, context, 6, 2, 64, int(rng.choice([8, 16, 32])),
+                     torch.float32, window)
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (16, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_out_of_window_blocks_are_not_read(heads, dtype):
+    """Out-of-window entries point at a block of NaNs: a masked read of it
+    would give 0 * NaN in the output."""
+    rng = np.random.default_rng()
+    for window in (1, 9, 40):
+        run_windowed(rng, *WINDOW_MIXED, *heads, 64, 16, dtype, window, poison="nan")
+
+
+def test_sliding_window_long_context_decode_skips_freed_blocks():
+    """A 4000-token decode with W = 256: all but the last ~17 table entries -1."""
+    rng = np.random.default_rng()
+    run_windowed(rng, [1, 1, 1], [4000, 2500, 100], 8, 2, 64, 16, torch.float32, 256)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_window_covering_the_context_is_full_attention(dtype):
+    """W >= every context: the same bits as no window (and the reference)."""
+    rng = np.random.default_rng()
+    q_lens, context = WINDOW_MIXED
+    query, k_cache, v_cache, tables, seq_lens, qsl = make_batch(
+        rng, q_lens, context, 9, 3, 64, 16, dtype)
+    meta = (torch.from_numpy(tables), torch.from_numpy(seq_lens), torch.from_numpy(qsl))
+    full = kernels.paged_attention(query, k_cache, v_cache, *meta, 0.125)
+    for window in (int(seq_lens.max()), int(seq_lens.max()) + 1, 2**40, 2**63 - 1):
+        out = kernels.paged_attention(query, k_cache, v_cache, *meta, 0.125,
+                                      sliding_window=window)
+        assert torch.equal(out, full)
+    run_windowed(rng, q_lens, context, 9, 3, 64, 16, dtype, int(seq_lens.max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliding_window_two_threads(dtype):
+    rng = np.random.default_rng()
+    _core.set_num_threads(2)
+    try:
+        run_windowed(rng, *WINDOW_MIXED, 9, 3, 64, 16, dtype, 29)
+    finally:
+        _core.set_num_threads(1)
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (16, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sliding_window_batch_invariant_rows(heads, dtype):
+    """batch_invariant with a window: every token's bits are the same whether
+    it is decoded alone, prefilled in one chunk, or in chunks within a batch."""
+    hq, hkv = heads
+    d, bs, window, n = 64, 16, 21, 70
+    rng = np.random.default_rng()
+    num_blocks = 8
+    k_cache = torch.randn(num_blocks, bs, hkv, d).to(dtype)
+    v_cache = torch.randn(num_blocks, bs, hkv, d).to(dtype)
+    table = torch.from_numpy(rng.permutation(num_blocks)[None, :].astype(np.int32))
+    query = torch.randn(n, hq, d).to(dtype)
+
+    def attend(rows, seq_len, tables=table):
+        """Rows ``rows`` of ``query`` as the last len(rows) positions of a
+        seq_len context."""
+        qsl = torch.tensor([0, len(rows)], dtype=torch.int32)
+        return kernels.paged_attention(query[rows], k_cache, v_cache, tables,
+                                       torch.tensor([seq_len], dtype=torch.int32), qsl, 0.125,
+                                       batch_invariant=True, sliding_window=window)
+
+    whole = attend(list(range(n)), n)
+    run_windowed(rng, [n], [0], hq, hkv, d, bs, dtype, window, batch_invariant=True)
+    for p in (0, 5, 20, 21, 22, 47, n - 1):  # decoded alone, out-of-window entries -1
+        poisoned = table.clone()
+        poisoned[0, : max(0, p - window + 1) // bs] = -1
+        assert torch.equal(attend([p], p + 1, poisoned)[0], whole[p])
+    chunk = attend(list(range(30, 55)), 55)  # a chunk over cached context
+    assert torch.equal(chunk, whole[30:55])
+    # Inside a batch with other sequences (a decode and a chunk of another).
+    rows = [40, 41, 42, 12, 66]
+    qsl = torch.tensor([0, 3, 4, 5], dtype=torch.int32)
+    tables = table.repeat(3, 1)
+    seq_lens = torch.tensor([43, 13, 67], dtype=torch.int32)
+    batched = kernels.paged_attention(query[rows], k_cache, v_cache, tables, seq_lens, qsl,
+                                      0.125, batch_invariant=True, sliding_window=window)
+    assert torch.equal(batched, whole[rows])
+
+
+def test_sliding_window_still_checks_visible_blocks(good_args):
+    args = dict(good_args)  # sequences: q_len 2 after 3 cached, a decode after 4; bs 8
+    args["block_tables"] = args["block_tables"].clone()
+    args["block_tables"][1, 0] = -1  # position 0..7: seen by the decode at 4
+    with pytest.raises(ValueError, match="block_tables"):
+        kernels.paged_attention(**args, sliding_window=2)
+
+
+def test_sliding_window_rejects_negative(good_args):
+    with pytest.raises(ValueError, match="sliding_window"):
+        kernels.paged_attention(**good_args, sliding_window=-1)
+    with pytest.raises(ValueError, match="sliding_window"):
+        _core._paged_attention_ptr(0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 8, 1, 8, 1, 1.0,
+                                   _core.DType.float32, False, -3)
+
+
+def test_sliding_window_takes_integers_only(good_args):
+    ref = kernels.paged_attention(**good_args, sliding_window=3)
+    assert torch.equal(kernels.paged_attention(**good_args, sliding_window=np.int64(3)), ref)
+    for bad in (2.5, "3", True):
+        with pytest.raises(ValueError, match="sliding_window"):
+            kernels.paged_attention(**good_args, sliding_window=bad)

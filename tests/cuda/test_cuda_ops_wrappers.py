@@ -108,7 +108,7 @@ ATTN_FIELDS = ("out", "query", "key_cache", "value_cache", "block_tables", "seq_
                "query_start_loc", "num_tokens", "num_seqs", "num_heads", "num_kv_heads",
                "head_size", "num_blocks", "block_size", "max_blocks_per_seq", "query_stride",
                "out_stride", "max_query_len", "max_seq_len", "scale", "dtype", "workspace",
-               "workspace_bytes", "num_sms", "device", "stream")
+               "workspace_bytes", "num_sms", "device", "stream", "sliding_window")
 
 
 @pytest.fixture
@@ -135,6 +135,16 @@ def test_backend_passes_stream_device_and_defaults(fake):
     assert call.max_seq_len == 3 * 16  # default: table width * block size
     assert call.workspace_bytes == 4096  # none given: one allocated for this batch
     assert call.scale == 0.125
+
+
+def test_backend_passes_the_sliding_window(fake):
+    t = attention_tensors()
+    fake.paged_attention(*t.values(), 0.125)
+    assert last_call(fake, "paged_attention").sliding_window == 0
+    fake.paged_attention(*t.values(), 0.125, sliding_window=4096)
+    assert last_call(fake, "paged_attention").sliding_window == 4096
+    with pytest.raises(ValueError, match="sliding_window"):
+        fake.paged_attention(*t.values(), 0.125, sliding_window=-1)
 
 
 def test_backend_uses_the_callers_hints_and_workspace(fake):

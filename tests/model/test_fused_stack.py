@@ -6,9 +6,13 @@ against HF transformers (tests/model/test_tiny_models.py) close the loop."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+import paternoster.model.llama as llama
+from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.kernels.cpu import DENSE_CORE_MAX_TOKENS
 from paternoster.model.runner import ModelRunner
@@ -107,3 +111,74 @@ def test_bad_positions_raise_value_error(hf_dir):
     batch["positions"][1] = 10_000  # outside the RoPE table
     with pytest.raises(ValueError, match="positions"):
         runner.compute_logits(batch)
+
+
+# ------------------------------------------------------------------ sliding window
+
+WINDOW = 6  # below the block size (8) and the 20-token prompts
+
+
+class _WindowedKernels:
+    """The kernels module as a layer's attention ops with a sliding window:
+    what ``paged_attention_layer(..., sliding_window=WINDOW)`` calls."""
+
+    reshape_and_cache = staticmethod(kernels.reshape_and_cache)
+
+    @staticmethod
+    def paged_attention(*args, **kwargs):
+        return kernels.paged_attention(*args, **kwargs, sliding_window=WINDOW)
+
+
+def _windowed_steps(model_path, dtype: str, fused: bool, steps: list[list[Chunk]],
+                    monkeypatch, batch_invariant: bool = False) -> list[torch.Tensor]:
+    """Like :func:`_steps`, with layer 1 windowed: in the Python layers through
+    its attention ops, in the core's stack through its StackLayer (a fused
+    run's steps too large for the stack take the Python layers)."""
+    runner = ModelRunner(ModelConfig(model=str(model_path), dtype=dtype,
+                                     batch_invariant=batch_invariant),
+                         CacheConfig(block_size=8, num_kv_blocks=96))
+    model = runner.model
+    model.fused_steps = fused
+    windowed = model.layers[1]
+    windowed.self_attn.ops = _WindowedKernels()
+    if fused:
+        plain = llama._stack_layer
+
+        def stack_layer(layer, cache):
+            s = plain(layer, cache)
+            return dataclasses.replace(s, sliding_window=WINDOW) if layer is windowed else s
+
+        monkeypatch.setattr(llama, "_stack_layer", stack_layer)
+    maker = BatchMaker(96, 8, seed=3)
+    logits = [runner.compute_logits(maker.batch(chunks)) for chunks in steps]
+    assert (model._decoder_stack(1, runner.kv_caches) is not None) == fused
+    return logits
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stack_with_a_windowed_layer_matches_python_layers_bitwise(hf_dir, dtype, monkeypatch):
+    plan = _decode_plan(_prompts(3, 30, 0), prefill=20)
+    fused = _windowed_steps(hf_dir, dtype, True, plan, monkeypatch)
+    python = _windowed_steps(hf_dir, dtype, False, plan, monkeypatch)
+    plain = _steps(hf_dir, dtype, False, plan)
+    for i, (a, b) in enumerate(zip(fused, python, strict=True)):
+        assert torch.equal(a, b), f"step {i}"
+    # The window took effect: past W tokens the logits leave full attention's.
+    assert torch.equal(fused[0][:WINDOW], plain[0][:WINDOW])  # the window holds all
+    assert not torch.allclose(fused[0][WINDOW:], plain[0][WINDOW:], atol=1e-3)
+    assert not torch.allclose(fused[-1], plain[-1], atol=1e-3)
+
+
+def test_stack_with_a_windowed_layer_batch_invariant(hf_dir, monkeypatch):
+    plan = [[Chunk("a", list(range(3, 50)), 0, 30), Chunk("b", list(range(60, 75)), 0, 15)]]
+    fused = _windowed_steps(hf_dir, "bfloat16", True, plan, monkeypatch, batch_invariant=True)
+    python = _windowed_steps(hf_dir, "bfloat16", False, plan, monkeypatch, batch_invariant=True)
+    assert torch.equal(fused[0], python[0])
+
+
+def test_stack_layer_rejects_a_negative_window(hf_dir):
+    runner = ModelRunner(ModelConfig(model=str(hf_dir), dtype="float32"),
+                         CacheConfig(block_size=8, num_kv_blocks=32))
+    layer = llama._stack_layer(runner.model.layers[0], runner.kv_caches[0])
+    with pytest.raises(ValueError, match="sliding_window"):
+        dataclasses.replace(layer, sliding_window=-1)

@@ -15,9 +15,11 @@
 //   slot_mapping             int64 [T]   slot = block * block_size + offset
 // Element type: float32, or bfloat16 stored as uint16 (accumulation is float32).
 // Query row i of sequence b (q_len = qsl[b+1] - qsl[b]) sits at position
-// seq_lens[b] - q_len + i and attends causally to positions 0..that position.
-// One call can mix whole prompts, prefill chunks over cached context and single
-// decode tokens. GQA: query head h reads kv head h / (Hq / Hkv).
+// seq_lens[b] - q_len + i and attends causally to positions 0..that position,
+// or with a sliding window W > 0 to the W positions ending there (p - W < k <= p,
+// the sliding-window causal mask of HF transformers). One call can mix whole
+// prompts, prefill chunks over cached context and single decode tokens.
+// GQA: query head h reads kv head h / (Hq / Hkv).
 #pragma once
 
 #include <cstdint>
@@ -43,12 +45,18 @@ int64_t dtype_size(DType dtype);
 // are grouped: the same bits whether the token is decoded, prefilled whole or
 // in chunks, or recomputed after a prefix-cache hit or a preemption (prefill
 // reads each K/V block once per token instead of once per tile: slower).
+// sliding_window: W > 0 limits each query to its last W positions (itself
+// included); 0 = full causal attention; negative throws. Block-table entries
+// of blocks wholly before the window of a sequence's first query row (every
+// position < first position - W + 1) are neither read nor checked (a cache
+// manager may have freed them and written -1), so a decode costs O(W).
 void paged_attention(void* out, const void* query, const void* key_cache,
                      const void* value_cache, const int32_t* block_tables,
                      const int32_t* seq_lens, const int32_t* query_start_loc, int64_t num_tokens,
                      int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                      int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
-                     float scale, DType dtype, bool batch_invariant = false);
+                     float scale, DType dtype, bool batch_invariant = false,
+                     int64_t sliding_window = 0);
 
 // Copies key[t] / value[t] (each [Hkv, D]) into cache slot slot_mapping[t] for
 // t < num_tokens; a negative slot skips the token. num_slots is

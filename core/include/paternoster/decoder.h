@@ -36,6 +36,7 @@ struct DecoderLayer {
   const void* q_norm = nullptr;  // [head_size] or null (Qwen3's per-head norms)
   const void* k_norm = nullptr;  // both or neither
   bool use_rope = true;          // false: no RoPE in this layer (SmolLM3's NoPE layers)
+  int64_t sliding_window = 0;    // passed to paged_attention: W > 0, or 0 (full causal)
   void* key_cache = nullptr;
   void* value_cache = nullptr;
 };

@@ -21,7 +21,8 @@
 //   query_start_loc          int32 [B+1] sequence b owns query rows [qsl[b], qsl[b+1])
 //   slot_mapping             int64 [T]   slot = block * block_size + offset; < 0 = skip
 // Query row i of sequence b (q_len = qsl[b+1] - qsl[b]) sits at position
-// seq_lens[b] - q_len + i and attends causally to positions 0..that position.
+// seq_lens[b] - q_len + i and attends causally to positions 0..that position,
+// or with a sliding window W > 0 to the W positions ending there (p - W < k <= p).
 // GQA: query head h reads kv head h / (Hq / Hkv).
 //
 // Element types: float16 and bfloat16 (fp32 accumulation). float32 is not
@@ -122,6 +123,11 @@ struct PagedAttentionArgs {
   // Streaming multiprocessors of the device (the split count aims to fill
   // them); 0 = ask the CUDA runtime for the current device's.
   int32_t num_sms = 0;
+  // Sliding window W: each query attends to its last W positions (itself
+  // included); 0 = full causal attention. Block-table entries of blocks wholly
+  // before the window of a sequence's first query row are not read (they may
+  // be -1), and a decode reads O(W) tokens.
+  int64_t sliding_window = 0;
 };
 
 // out = softmax(scale * Q K^T + causal mask) V per sequence and query head,
@@ -139,7 +145,8 @@ struct PagedAttentionArgs {
 //    are left untouched.
 // Throws std::invalid_argument for null pointers, unsupported head size,
 // block size or dtype, Hq not a multiple of Hkv, strides below Hq * D,
-// misaligned pointers, or more than 65535 sequences; returns the launch error.
+// misaligned pointers, a negative sliding_window, or more than 65535
+// sequences; returns the launch error.
 cudaError_t paged_attention(const PagedAttentionArgs& args, cudaStream_t stream);
 
 // The argument checks of paged_attention() alone (no CUDA call): throws

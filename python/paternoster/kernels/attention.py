@@ -44,12 +44,14 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     out: torch.Tensor | None = None, *, max_query_len: int | None = None,
                     max_seq_len: int | None = None,
                     workspace: torch.Tensor | None = None,
-                    batch_invariant: bool = False) -> torch.Tensor:
+                    batch_invariant: bool = False,
+                    sliding_window: int = 0) -> torch.Tensor:
     """Causal attention of this step's queries over the paged KV cache.
 
     Query row i of sequence b (``q_len = query_start_loc[b+1] - query_start_loc[b]``)
     sits at position ``seq_lens[b] - q_len + i`` and attends to the cached
-    positions ``0 ..`` that position, read through ``block_tables[b]``:
+    positions ``0 ..`` that position (with a sliding window W, only the W
+    positions ``p - W < k <= p`` ending there), read through ``block_tables[b]``:
     ``out = softmax(scale * q K^T) V`` per head. One call may mix whole prompts,
     prefill chunks over earlier cached context and single decode tokens. GQA /
     MQA: query head h reads kv head ``h // (Hq // Hkv)``. The cache must already
@@ -68,7 +70,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype;
             Hq must be a multiple of Hkv.
         block_tables: int32 ``[B, max_blocks_per_seq]``; only the first
-            ``ceil(seq_lens[b] / block_size)`` entries of row b are read.
+            ``ceil(seq_lens[b] / block_size)`` entries of row b are read (with
+            a sliding window, not those of blocks wholly before the window of
+            the sequence's first query row: they may be -1).
         seq_lens: int32 ``[B]``, context length in tokens including the new ones.
         query_start_loc: int32 ``[B + 1]``, non-decreasing, last entry <= T.
         scale: softmax scale, usually ``D ** -0.5``.
@@ -84,13 +88,18 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         batch_invariant: CPU only: every query token its own work item, so
             its result does not depend on the rest of the step (how a prompt
             is chunked, what else is batched); slower prefill.
+        sliding_window: W > 0: each query attends to its last W positions,
+            itself included (HF transformers' sliding-window causal mask);
+            blocks wholly out of every query's window are skipped, so a decode
+            costs O(W). 0: full causal attention.
 
     Returns:
         ``out`` (a new ``[T, Hq, D]`` tensor if not given).
 
     Raises:
         ValueError: naming the argument, for a wrong type, dtype, device, shape,
-            non-contiguous tensor, an unsupported head or block size (CUDA); on
+            non-contiguous tensor, an unsupported head or block size (CUDA), a
+            negative ``sliding_window``; on
             CPU also for a block id outside the cache, a sequence whose
             ``seq_lens`` is below its query length or above
             ``max_blocks_per_seq * block_size``, or a bad ``query_start_loc``.
@@ -99,7 +108,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     return backend_for(query.device).paged_attention(
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out,
         max_query_len=max_query_len, max_seq_len=max_seq_len, workspace=workspace,
-        batch_invariant=batch_invariant)
+        batch_invariant=batch_invariant, sliding_window=sliding_window)
 
 
 def alloc_decode_workspace(device: torch.device | str, max_num_seqs: int, num_heads: int,

@@ -13,6 +13,7 @@ without paged-attention kernels.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from numbers import Integral
 from types import MappingProxyType
 from typing import Any
 
@@ -72,26 +73,34 @@ class Backend:
                         out: torch.Tensor | None = None, *, max_query_len: int | None = None,
                         max_seq_len: int | None = None,
                         workspace: torch.Tensor | None = None,
-                        batch_invariant: bool = False) -> torch.Tensor:
-        """Causal attention of ``query`` ``[T, Hq, D]`` over the paged cache
-        (see :func:`paternoster.kernels.paged_attention`); returns ``out``.
+                        batch_invariant: bool = False,
+                        sliding_window: int = 0) -> torch.Tensor:
+        """Causal attention of ``query`` ``[T, Hq, D]`` over the paged cache,
+        optionally within a sliding window (see
+        :func:`paternoster.kernels.paged_attention`); returns ``out``.
 
         Raises:
-            ValueError: naming a bad argument; ``batch_invariant`` on a
-                backend without that mode.
+            ValueError: naming a bad argument (a negative ``sliding_window``
+                among them); ``batch_invariant`` on a backend without that mode.
         """
         if batch_invariant and not self.batch_invariant_attention:
             raise ValueError(f"{type(self).__name__} has no batch-invariant attention")
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, Integral):
+            raise ValueError(f"sliding_window must be an int, got {sliding_window!r}")
+        sliding_window = int(sliding_window)
+        if sliding_window < 0:
+            raise ValueError(f"sliding_window must be >= 0 (0 = no window), got {sliding_window}")
         sizes = check_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                 query_start_loc, out, self.dtypes)
         if self.check_indices:
             check_attention_indices(block_tables, seq_lens, query_start_loc, sizes.num_tokens,
-                                    sizes.num_blocks, sizes.block_size, max_query_len)
+                                    sizes.num_blocks, sizes.block_size, max_query_len,
+                                    sliding_window)
         if out is None:
             out = torch.empty_like(query)
         self._paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
                               query_start_loc, sizes, float(scale), max_query_len, max_seq_len,
-                              workspace, batch_invariant)
+                              workspace, batch_invariant, sliding_window)
         return out
 
     def alloc_decode_workspace(self, device: torch.device | str, max_num_seqs: int,
@@ -116,7 +125,8 @@ class Backend:
                          block_tables: torch.Tensor, seq_lens: torch.Tensor,
                          query_start_loc: torch.Tensor, sizes: AttentionSizes, scale: float,
                          max_query_len: int | None, max_seq_len: int | None,
-                         workspace: torch.Tensor | None, batch_invariant: bool = False) -> None:
+                         workspace: torch.Tensor | None, batch_invariant: bool = False,
+                         sliding_window: int = 0) -> None:
         raise NotImplementedError
 
     # ------------------------------------------------------------ linear

@@ -138,7 +138,8 @@ def check_attention(query: object, key_cache: object, value_cache: object,
 
 def check_attention_indices(block_tables: torch.Tensor, seq_lens: torch.Tensor,
                             query_start_loc: torch.Tensor, num_tokens: int, num_blocks: int,
-                            block_size: int, max_query_len: int | None) -> None:
+                            block_size: int, max_query_len: int | None,
+                            sliding_window: int = 0) -> None:
     """The CPU kernel's checks of index contents, for the CUDA emulation (its
     index tensors live in host memory, so reading them is free): a bad block
     id, length or row range is a ``ValueError`` instead of a read outside a
@@ -149,8 +150,10 @@ def check_attention_indices(block_tables: torch.Tensor, seq_lens: torch.Tensor,
             ``[0, num_tokens]``; every sequence with new tokens has
             ``q_len <= seq_lens[b] <= block_tables.shape[1] * block_size`` (a
             decode row may have ``seq_lens`` 0: padding); the block ids it
-            reads are in ``[0, num_blocks)``; and ``max_query_len`` bounds the
-            query lengths.
+            reads are in ``[0, num_blocks)`` (with ``sliding_window`` W > 0,
+            not those of blocks wholly before the first query's window,
+            position ``seq_lens[b] - q_len - W + 1``: the kernels skip them);
+            and ``max_query_len`` bounds the query lengths.
     """
     qsl = query_start_loc.long()
     if len(qsl) and (int(qsl[0]) < 0 or int(qsl[-1]) > num_tokens):
@@ -170,11 +173,12 @@ def check_attention_indices(block_tables: torch.Tensor, seq_lens: torch.Tensor,
         if n > width * block_size:
             raise ValueError(f"seq_lens[{b}] = {n} exceeds max_blocks_per_seq * block_size "
                              f"= {width * block_size}")
-        used = block_tables[b, : -(-n // block_size)]
+        first = max(0, n - q_len - sliding_window + 1) // block_size if sliding_window else 0
+        used = block_tables[b, first : -(-n // block_size)]
         bad = (used < 0) | (used >= num_blocks)
         if bool(bad.any()):
             j = int(bad.nonzero()[0])
-            raise ValueError(f"block_tables[{b}, {j}] = {int(used[j])} out of range "
+            raise ValueError(f"block_tables[{b}, {first + j}] = {int(used[j])} out of range "
                              f"[0, {num_blocks})")
     longest = int(q_lens.max()) if len(q_lens) else 0
     if max_query_len and max_query_len < longest:  # 0 / None: the default (T)

@@ -30,6 +30,12 @@ class StackLayer:
         key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``.
         q_norm, k_norm: ``[D]`` per-head RMSNorm weights (Qwen3), both or neither.
         use_rope: False for a layer without RoPE (SmolLM3's NoPE layers).
+        sliding_window: W > 0: the layer's attention sees each query's last W
+            positions (see :func:`paternoster.kernels.paged_attention`); 0:
+            full causal attention.
+
+    Raises:
+        ValueError: a negative ``sliding_window``.
     """
 
     input_norm: torch.Tensor
@@ -43,6 +49,12 @@ class StackLayer:
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     use_rope: bool = True
+    sliding_window: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sliding_window < 0:
+            raise ValueError(f"sliding_window must be >= 0 (0 = no window), "
+                             f"got {self.sliding_window}")
 
 
 class CpuDecoderStack:
@@ -104,6 +116,7 @@ class CpuDecoderStack:
                 check_tensor(norm, name, 1, dtype)
             fields.append(0 if norm is None else norm.data_ptr())
         fields.append(int(layer.use_rope))
+        fields.append(int(layer.sliding_window))
         return fields
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,

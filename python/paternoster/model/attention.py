@@ -13,7 +13,7 @@ reference.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -36,7 +36,12 @@ class AttentionOps(Protocol):
         """Causal attention of ``query`` [T, Hq, D] over each sequence's cached K/V;
         returns [T, Hq, D]. Called with the keyword arguments ``max_query_len``,
         ``max_seq_len`` and ``workspace`` as well when the metadata carries
-        them (the GPU path; see :func:`paternoster.kernels.paged_attention`)."""
+        them (the GPU path; see :func:`paternoster.kernels.paged_attention`),
+        and with ``sliding_window=W`` (an int > 0) for a sliding-window layer:
+        each query then attends to its last W positions, itself included, and
+        the table entries of blocks wholly before the window of a sequence's
+        first query may be -1 (freed). Ops without windows need not take the
+        keyword as long as no layer has one."""
 
 
 def default_attention_ops() -> AttentionOps:
@@ -110,22 +115,29 @@ def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v
         kv_cache: (key_cache, value_cache), each [num_blocks, block_size, Hkv, D].
         attn: token placement for this step.
         scale: softmax scale, usually ``D ** -0.5``.
-        sliding_window: the layer's window ``W`` (a query at ``p`` sees keys at
-            ``p - W < k <= p``), 0 for full attention; passed to the kernels
-            as ``sliding_window=`` only when set.
+        sliding_window: W > 0 for a sliding-window layer (each query sees its
+            last W positions; passed to ``ops.paged_attention`` as
+            ``sliding_window=``); 0: full causal attention (the keyword is not
+            passed, so ops without it still work).
         kv_group: the layer's KV cache group (its slot mapping and block
             tables in ``attn``).
     Returns:
         [T, Hq, D] attention output, model dtype.
+    Raises:
+        ValueError: a negative ``sliding_window``.
     """
+    if sliding_window < 0:
+        raise ValueError(f"sliding_window must be >= 0 (0 = no window), got {sliding_window}")
     key_cache, value_cache = kv_cache
     slot_mapping, block_tables = attn.for_group(kv_group)
     ops.reshape_and_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slot_mapping)
-    extra: dict = {"sliding_window": sliding_window} if sliding_window else {}
+    hints: dict[str, Any] = {}
     if attn.batch_invariant:
-        extra["batch_invariant"] = True
+        hints["batch_invariant"] = True
     elif attn.max_query_len is not None:
-        extra.update(max_query_len=attn.max_query_len, max_seq_len=attn.max_seq_len,
+        hints.update(max_query_len=attn.max_query_len, max_seq_len=attn.max_seq_len,
                      workspace=attn.workspace)
+    if sliding_window > 0:
+        hints["sliding_window"] = sliding_window
     return ops.paged_attention(q.contiguous(), key_cache, value_cache, block_tables,
-                               attn.seq_lens, attn.query_start_loc, scale, **extra)
+                               attn.seq_lens, attn.query_start_loc, scale, **hints)

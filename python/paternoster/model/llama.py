@@ -410,4 +410,5 @@ def _stack_layer(layer: LlamaDecoderLayer, cache: KVCache) -> kernels.StackLayer
         gate_up=(mlp.gate_up_weight, mlp.gate_up_bias), down=(mlp.down_weight, mlp.down_bias),
         key_cache=cache[0], value_cache=cache[1],
         q_norm=None if q_norm is None else q_norm.weight,
-        k_norm=None if k_norm is None else k_norm.weight, use_rope=attn.use_rope)
+        k_norm=None if k_norm is None else k_norm.weight, use_rope=attn.use_rope,
+        sliding_window=attn.sliding_window)
