@@ -178,7 +178,7 @@ def _hf_generate(hf, prompt: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize(("scheduler", "budget", "blocks"),
-                         [("fcfs", 256, 64), ("chunked_prefill", 5, 64), ("fcfs", 256, 7)],
+                         [("fcfs", 256, 64), ("chunked_prefill", 5, 64), ("fcfs", 256, 14)],
                          ids=["whole-prefill", "chunked-5", "preempting"])
 def test_gemma3_engine_greedy_ids_equal_hf_generate(gemma3, scheduler, budget, blocks):
     """Through the engine: prompts of 1-20 tokens plus 10 generated, all within the window."""

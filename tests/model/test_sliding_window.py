@@ -113,7 +113,10 @@ def engine(path, *, chunk: int = 256, num_kv_blocks: int = 256, caching: bool = 
         model=ModelConfig(model=str(path), dtype="float32", max_model_len=200),
         cache=CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=num_kv_blocks,
                           enable_prefix_caching=caching),
-        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=chunk),
+        # fcfs keeps prompts whole (its budget rises to max_model_len): smaller
+        # chunks need the chunked-prefill policy.
+        scheduler=SchedulerConfig(scheduler="fcfs" if chunk >= 200 else "chunked_prefill",
+                                  max_num_seqs=max_num_seqs, max_num_batched_tokens=chunk),
     ))
 
 
@@ -147,7 +150,7 @@ def test_greedy_matches_hf_generate_past_the_window(model, chunk, request):
     ps = prompts(1)
     eng = engine(path, chunk=chunk)
     groups = eng.kv_cache_manager.num_groups()
-    assert groups == (1 if model == "mistral" else 2)
+    assert (groups == 1) == (model == "mistral")  # the others mix full and windowed layers
     got = run(eng, ps)
     for rid, p in ps.items():
         assert got[rid] == hf_greedy(hf, p, NEW_TOKENS), rid
@@ -165,13 +168,16 @@ def test_prefix_cache_hits_past_the_window(model, request):
         assert got[rid] == hf_greedy(hf, p, NEW_TOKENS), rid
 
 
+NUM_PREEMPT_BLOCKS = {"mistral": 8, "gemma3": 40}
+
+
 @pytest.mark.parametrize("model", ["mistral", "gemma3"])
 def test_preemption_past_the_window(model, request):
     # Few blocks for three long requests at once: some are preempted and
     # recomputed; their tokens must not change.
     path, hf = request.getfixturevalue(model)
     ps = prompts(3, lengths=(30, 34, 38))
-    eng = engine(path, chunk=12, num_kv_blocks=40)
+    eng = engine(path, chunk=12, num_kv_blocks=NUM_PREEMPT_BLOCKS[model])
     got = run(eng, ps, n=40)
     assert eng.scheduler.num_preemptions_total > 0
     for rid, p in ps.items():
@@ -179,22 +185,36 @@ def test_preemption_past_the_window(model, request):
 
 
 def test_a_long_request_holds_window_sized_blocks(mistral):
-    # 150 tokens with a window of 8 in blocks of 4: every step needs at most
-    # ceil((8 - 1 + 1) / 4) + 1 = 3 blocks for decoding, while a full
-    # allocation would reach 38. The engine admits it with only 10 blocks.
+    # 150 tokens with a window of 8 in blocks of 4: the 20-token prompt (one
+    # chunk) takes 5 blocks, then every decode step needs at most
+    # ceil((8 - 1 + 1) / 4) + 1 = 3, where a full allocation would reach 38.
+    # The engine serves it from 10 blocks.
     path, hf = mistral
-    eng = engine(path, chunk=4, num_kv_blocks=10)
+    eng = engine(path, chunk=20, num_kv_blocks=10)
     assert eng.max_model_len == 200
     p = prompts(4, lengths=(20,))["r20"]
     params = SamplingParams(temperature=0.0, max_tokens=130, ignore_eos=True)
     eng.add_request(EngineCoreRequest("long", p, params))
-    held, tokens = [], []
+    held: list[tuple[int, int]] = []  # (tokens generated, blocks held) after each step
+    tokens: list[int] = []
     kv = eng.kv_cache_manager
     while eng.has_unfinished_requests():
         for o in eng.step():
             tokens.extend(o.new_token_ids)
         if kv.num_requests():
-            held.append(kv.num_free_blocks())
+            held.append((len(tokens), 10 - kv.num_free_blocks()))
     assert len(tokens) == 130
-    assert min(held) >= 10 - 4  # never more than 4 blocks (chunk 4 + window 8)
+    assert max(b for _, b in held) == 5
+    assert max(b for n, b in held if n > 1) <= 3
     assert tokens == hf_greedy(hf, p, 130)
+
+
+def test_whole_prompt_scheduler_caps_the_context_at_what_a_prompt_step_holds(mistral):
+    # fcfs prefills prompts whole: that step holds every block of the prompt,
+    # so 10 blocks of 4 cap the context at 40 (a chunked policy: 200, above).
+    path, hf = mistral
+    eng = engine(path, num_kv_blocks=10)
+    assert eng.scheduler.__class__.__name__ == "FCFSScheduler"
+    assert eng.max_model_len == 40
+    p = prompts(5, lengths=(36,))["r36"]
+    assert run(eng, {"a": p}, n=4)["a"] == hf_greedy(hf, p, 4)

@@ -119,6 +119,21 @@ class EngineCore:
         self.batch_builder = _core.BatchBuilder(self.kv_cache_manager)
         scheduler_cls = load_scheduler_class(config.scheduler.scheduler)
         sched_config = config.scheduler
+        layout = getattr(self.runner, "kv_layout", None)
+        if layout is not None and not scheduler_cls.supports_chunked_prefill:
+            # A whole prompt's step holds every block of its context in every
+            # KV cache group (a window releases blocks only as later steps
+            # advance): the runner's cap assumed chunks of the token budget.
+            whole = layout.max_tokens(self.runner.num_kv_blocks, self.runner.block_size,
+                                      self.max_model_len, self.max_model_len)
+            if whole < self.max_model_len:
+                logger.info(
+                    "scheduler %r keeps prompts whole: max_model_len %d -> %d (a prompt's "
+                    "step needs all its blocks in every KV cache group; a chunked-prefill "
+                    "scheduler keeps the sliding-window layers to a window plus a chunk)",
+                    sched_config.scheduler, self.max_model_len, whole,
+                )
+                self.max_model_len = whole
         if (
             not scheduler_cls.supports_chunked_prefill
             and sched_config.max_num_batched_tokens < self.max_model_len
