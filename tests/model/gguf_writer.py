@@ -20,7 +20,8 @@ _LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
           "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
           "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
           "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+          "mlp.gate": "ffn_gate_inp"}
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -34,7 +35,11 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
                      arch: str = "llama") -> dict[str, torch.Tensor]:
     """Write ``hf_model`` (an HF ``LlamaForCausalLM``, or ``Qwen3ForCausalLM``
     with ``arch="qwen3"``: no q/k row permutation, the head size as the key
-    and value lengths, the per-head q/k norms) to ``path``.
+    and value lengths, the per-head q/k norms; or ``Qwen3MoeForCausalLM`` with
+    ``arch="qwen3moe"``: also the expert counts and width, the router as
+    ``ffn_gate_inp`` in F32 and each layer's experts stacked into
+    ``ffn_{gate,up,down}_exps`` [E, rows, K], as llama.cpp's Qwen2MoeModel
+    converter writes them) to ``path``.
 
     Args:
         matrix_type: GGUF type of the layer matrices (``q8_0``, ``q4_0``,
@@ -58,9 +63,13 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_rope_dimension_count(head_dim)
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch == "qwen3moe":
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     w.add_file_type(1)
     # A byte-level BPE vocabulary of the right size, so transformers can read the file.
     tokens = ["<s>", "</s>", "<unk>", "a", "b", "ab"]
@@ -76,6 +85,10 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     for name, tensor in hf_model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # llama.cpp writes no output.weight for tied embeddings
+        if ".mlp.experts." in name:  # transformers 5's fused [E, 2I, H] / [E, H, I]
+            reference[name] = _write_experts(w, name, tensor, layer_types.get(
+                "mlp.experts", matrix_type) if layer_types else matrix_type)
+            continue
         gguf_name, kind = _gguf_name(name, matrix_type, embed_type, layer_types or {})
         if gguf_name is None:
             continue
@@ -129,4 +142,25 @@ def _gguf_name(name: str, matrix: str, embed: str,
     suffix = ".".join(parts[3:-1])
     if suffix not in _LAYER:
         return None, ""
-    return f"blk.{parts[2]}.{_LAYER[suffix]}.{parts[-1]}", overrides.get(suffix, matrix)
+    default = "f32" if suffix == "mlp.gate" else matrix  # llama.cpp keeps routers in F32
+    return f"blk.{parts[2]}.{_LAYER[suffix]}.{parts[-1]}", overrides.get(suffix, default)
+
+
+def _write_experts(w: GGUFWriter, name: str, tensor: torch.Tensor, kind: str) -> torch.Tensor:
+    """Write one layer's stacked experts (``...mlp.experts.gate_up_proj`` [E, 2I, H]
+    as ``ffn_gate_exps`` and ``ffn_up_exps`` [E, I, H]; ``down_proj`` [E, H, I]
+    as ``ffn_down_exps``); returns the tensor as the file holds it, dequantized."""
+    layer = name.split(".")[2]
+    array = tensor.float().numpy()
+    parts = ({"ffn_gate_exps": array[:, : array.shape[1] // 2],
+              "ffn_up_exps": array[:, array.shape[1] // 2 :]}
+             if name.endswith("gate_up_proj") else {"ffn_down_exps": array})
+    qtype = QTYPES[kind]
+    values = []
+    for gguf_name, part in parts.items():
+        part = np.ascontiguousarray(part)
+        data = quants.quantize(part, qtype)
+        w.add_tensor(f"blk.{layer}.{gguf_name}.weight", data, raw_dtype=qtype)
+        values.append(quants.dequantize(data, qtype).reshape(part.shape))
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(values, axis=1),
+                                                 dtype=np.float32))

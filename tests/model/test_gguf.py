@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.kernels import QuantizedWeight
 from paternoster.model.gguf import hf_name, load_gguf_config
 from paternoster.model.runner import ModelRunner
 
-from .conftest import BatchMaker, Chunk, hf_logits
+from .conftest import BatchMaker, Chunk, greedy_matches_hf_generate, hf_logits
 from .gguf_writer import write_llama_gguf
 
 BLOCK_SIZE = 8
@@ -105,7 +106,7 @@ def test_unsupported_types_and_architectures_are_refused(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="not supported; supported: llama, qwen2, qwen3"):
+    with pytest.raises(ValueError, match="not supported; supported: llama, qwen2, qwen3, qwen3moe"):
         load_gguf_config(other)
 
 
@@ -169,3 +170,31 @@ def test_qwen3_gguf_logits_match_hf(tmp_path):
     tokens = list(range(3, 40))
     ours = runner.compute_logits(BatchMaker(128, BLOCK_SIZE).batch([Chunk("a", tokens, 0, 37)]))
     assert (ours - hf_logits(hf, tokens)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_qwen3_moe_gguf_logits_match_hf(tmp_path, fmt):
+    """A qwen3moe GGUF (experts stacked per layer, router in F32, expert width
+    and counts from the metadata, top-k renormalized as llama.cpp's qwen3moe),
+    expert matrices kept quantized: logits and greedy ids match HF's
+    Qwen3-MoE on the file's dequantized weights."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(10)
+    cfg = Qwen3MoeConfig(**TINY, head_dim=32, moe_intermediate_size=64, num_experts=6,
+                         num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False,
+                         rope_theta=10000.0)
+    hf = Qwen3MoeForCausalLM(cfg).float().eval()
+    path = tmp_path / f"tiny-qwen3moe-{fmt}.gguf"
+    hf = _reference(hf, write_llama_gguf(hf, path, fmt, arch="qwen3moe"))
+    runner = _runner(path)
+    assert type(runner.model).__name__ == "Qwen3MoeForCausalLM"
+    moe = runner.model.layers[0].mlp
+    assert (moe.num_experts, moe.top_k, moe.inter) == (6, 2, 64)
+    assert isinstance(moe.gate_up_weight, QuantizedWeight)
+    assert isinstance(moe.down_weight, QuantizedWeight)
+    tokens = list(range(3, 40))
+    ours = runner.compute_logits(BatchMaker(128, BLOCK_SIZE).batch([Chunk("a", tokens, 0, 37)]))
+    assert (ours - hf_logits(hf, tokens)).abs().max() < 1e-4
+    ids, ref = greedy_matches_hf_generate(path, hf, kernels, [5, 9, 33, 2, 17], 8)
+    assert ids == ref

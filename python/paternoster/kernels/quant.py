@@ -82,6 +82,18 @@ class QuantizedWeight:
         return QuantizedWeight(self.data[start:start + count].contiguous(), self.format,
                                self.in_features)
 
+    def __getitem__(self, rows: slice) -> QuantizedWeight:
+        """Rows ``weight[a:b]`` as a weight viewing the same bytes (rows are
+        contiguous, so no copy), as a dense tensor's row slice: an MoE layer's
+        expert ``e`` out of its stacked experts.
+
+        Raises:
+            TypeError: anything but a row slice with step 1.
+        """
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError(f"a QuantizedWeight takes row slices with step 1, got {rows!r}")
+        return QuantizedWeight(self.data[rows], self.format, self.in_features)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The values, ``[out_features, in_features]`` in ``dtype``
         (:func:`dequantize_torch`)."""

@@ -30,7 +30,7 @@ from paternoster.kernels.quant import QuantizedWeight
 
 #: GGUF ``general.architecture`` values served, and the HF class they load as.
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                      "qwen3": "Qwen3ForCausalLM"}
+                      "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
 #: GGUF tensor types kept quantized, by our format name.
 QUANTIZED_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 #: GGUF tensor types loaded dense.
@@ -48,7 +48,11 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm",  # qwen3
     "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",  # qwen3moe: the router
 }
+#: Stacked expert matrices ([experts, rows, in_features]) -> HF's per-expert name.
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
+                 "ffn_down_exps": "down_proj"}
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -99,6 +103,13 @@ def load_gguf_config(path: str | Path):
     key_length = _int_field(reader, f"{arch}.attention.key_length")
     if key_length is not None:
         config.head_dim = key_length
+    if arch == "qwen3moe":
+        # llama.cpp's qwen3moe: every layer routed, top-k weights renormalized
+        # (build_moe_ffn with norm_w); the expert width is its own key.
+        config.moe_intermediate_size = _int_field(reader, f"{arch}.expert_feed_forward_length")
+        config.norm_topk_prob = True
+        config.decoder_sparse_step = 1
+        config.mlp_only_layers = []
     # Activations and KV cache in bfloat16 under --dtype auto (the weights keep their types).
     config.dtype = "bfloat16"
     # transformers' GGUF config mapping leaves the file's type; weights carry theirs.
@@ -126,28 +137,57 @@ def gguf_weights(path: str | Path,
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     llama = _architecture(reader, path) == "llama"
     for t in reader.tensors:
+        expert = _expert_tensor(t.name)
         name = hf_name(t.name)
-        if name is None:
+        if name is None and expert is None:
             continue
-        kind = t.tensor_type.name
-        if kind in QUANTIZED_TYPES:
-            # A copy in memory: the file may change or go while we serve.
-            weight: torch.Tensor | QuantizedWeight = QuantizedWeight(
-                torch.from_numpy(np.array(t.data)), QUANTIZED_TYPES[kind], int(t.shape[0]))
-        elif kind in DENSE_TYPES:
-            array = np.array(t.data)
-            if kind == "BF16":
-                weight = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-            else:
-                weight = torch.from_numpy(array)
-            weight = weight.reshape([int(d) for d in reversed(t.shape)])
-        else:
-            raise ValueError(
-                f"{path}: tensor {t.name} has GGUF type {kind}, which is not supported; "
-                f"supported: {', '.join([*QUANTIZED_TYPES, *DENSE_TYPES])}")
+        weight = _tensor(t, path)
+        if expert is not None:
+            # GGML order (K, rows, E): expert e's matrix is rows [e * rows, (e + 1) * rows).
+            layer, proj = expert
+            rows = int(t.shape[1])
+            for e in range(int(t.shape[2])):
+                part = (weight.rows(e * rows, rows) if isinstance(weight, QuantizedWeight)
+                        else weight[e])
+                yield f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", part
+            continue
         if llama and name.endswith(("q_proj.weight", "k_proj.weight")):
             weight = unpermute_rows(weight, heads if "q_proj" in name else kv_heads)
         yield name, weight
+
+
+def _tensor(t, path: str | Path) -> torch.Tensor | QuantizedWeight:
+    """One GGUF tensor: quantized rows (stacked experts' rows back to back) or a
+    dense tensor in HF's dimension order (a copy in memory: the file may change
+    or go while we serve).
+
+    Raises:
+        ValueError: a type outside :data:`QUANTIZED_TYPES` / :data:`DENSE_TYPES`.
+    """
+    kind = t.tensor_type.name
+    if kind in QUANTIZED_TYPES:
+        data = torch.from_numpy(np.array(t.data))
+        return QuantizedWeight(data.reshape(-1, data.shape[-1]).contiguous(),
+                               QUANTIZED_TYPES[kind], int(t.shape[0]))
+    if kind in DENSE_TYPES:
+        array = np.array(t.data)
+        if kind == "BF16":
+            weight = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        else:
+            weight = torch.from_numpy(array)
+        return weight.reshape([int(d) for d in reversed(t.shape)])
+    raise ValueError(
+        f"{path}: tensor {t.name} has GGUF type {kind}, which is not supported; "
+        f"supported: {', '.join([*QUANTIZED_TYPES, *DENSE_TYPES])}")
+
+
+def _expert_tensor(gguf_name: str) -> tuple[str, str] | None:
+    """(layer, HF projection) of a stacked expert tensor
+    (``blk.3.ffn_up_exps.weight`` -> ``("3", "up_proj")``), None for any other."""
+    parts = gguf_name.split(".")
+    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _EXPERT_NAMES:
+        return None
+    return (parts[1], _EXPERT_NAMES[parts[2]]) if parts[3] == "weight" else None
 
 
 def hf_name(gguf_name: str) -> str | None:

@@ -19,7 +19,8 @@ from paternoster import kernels
 class SparseMoeBlock(nn.Module):
     """Top-k routed SwiGLU experts.
 
-    Parameters (dense, model dtype), experts stacked along the rows so each
+    Parameters (dense, model dtype, or quantized as loaded from a GGUF file:
+    :class:`~paternoster.kernels.QuantizedWeight`), experts stacked along the rows so each
     expert's matrix is a contiguous 2-D slice:
 
     - ``router_weight`` ``[E, H]`` (HF ``mlp.gate.weight``);
