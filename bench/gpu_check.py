@@ -157,6 +157,7 @@ class Case:
     block_size: int
     q_lens: tuple[int, ...]
     ctx_lens: tuple[int, ...]  # cached tokens before this step's
+    sliding_window: int = 0  # W > 0: each query sees its last W positions
 
 
 CASES = (
@@ -177,6 +178,14 @@ CASES = (
          (900, 10, 3000, 5, 0, 0)),
     Case("prefill fp16 mha d64", torch.float16, 8, 8, 64, 16, (70, 3), (130, 0)),
     Case("prefill gqa16 d128", torch.bfloat16, 16, 1, 128, 32, (20, 9), (40, 0)),
+    # Sliding windows (Mistral, Gemma 3, gpt-oss): the tables hold -1 for the
+    # blocks before a sequence's window, which the kernels must never read.
+    Case("decode window 128 (gpt-oss)", torch.bfloat16, 64, 8, 64, 16, (1,) * 4,
+         (5, 127, 128, 30000), sliding_window=128),
+    Case("decode window 1024 split-K", torch.bfloat16, 32, 16, 128, 16, (1, 1, 1),
+         (1023, 1500, 40000), sliding_window=1024),
+    Case("prefill chunks window 512", torch.bfloat16, 8, 4, 128, 16, (300, 64, 1, 700),
+         (0, 2000, 600, 100), sliding_window=512),
 )  # fmt: skip
 
 
@@ -212,6 +221,10 @@ def make_attention_case(case: Case, device: torch.device | str, seed: int,
                                           generator=g).to(dtype)
         value_cache[blk, off] = torch.randn(int(n), case.num_kv_heads, case.head_size,
                                             generator=g).to(dtype)
+    if case.sliding_window:  # blocks no query can see: released (-1), as the KV cache does
+        for b, n in enumerate(seq_lens):
+            first = max(0, int(n) - int(q_lens[b]) - case.sliding_window + 1) // bs
+            tables[b, :first] = -1
     qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     t = int(qsl[-1])
     query = torch.randn(t, case.num_heads, case.head_size, generator=g).to(dtype)
@@ -228,6 +241,7 @@ def make_attention_case(case: Case, device: torch.device | str, seed: int,
         "scale": case.head_size**-0.5,
         "q_lens": q_lens.tolist(),
         "seq_lens_host": seq_lens.tolist(),
+        "sliding_window": case.sliding_window,
     }
 
 
@@ -243,7 +257,9 @@ def reference_attention(c: dict) -> torch.Tensor:
     for b, (q_len, seq_len) in enumerate(zip(c["q_lens"], c["seq_lens_host"])):
         if q_len == 0:
             continue
-        pos = torch.arange(seq_len, device=q.device)
+        window = c.get("sliding_window", 0)
+        first = max(0, seq_len - q_len - window + 1) if window else 0
+        pos = torch.arange(first, seq_len, device=q.device)
         blk, off = tables[b][pos // bs], pos % bs
         k = kc[blk, off].float().repeat_interleave(group, dim=1)  # [L, Hq, D]
         v = vc[blk, off].float().repeat_interleave(group, dim=1)
@@ -251,6 +267,8 @@ def reference_attention(c: dict) -> torch.Tensor:
         scores = torch.einsum("qhd,khd->hqk", qb, k) * c["scale"]
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device).unsqueeze(1)
         scores.masked_fill_(pos.unsqueeze(0) > q_pos, float("-inf"))
+        if window:  # each query sees p - W < k <= p
+            scores.masked_fill_(pos.unsqueeze(0) <= q_pos - window, float("-inf"))
         ref[start: start + q_len] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
         start += q_len
     return ref
@@ -278,6 +296,8 @@ def check_attention_case(case: Case, device: str, seed: int, ops_module, *,
     if kernel_hints:
         kwargs = {"max_query_len": max(c["q_lens"]) or 1,
                   "max_seq_len": max(c["seq_lens_host"]) or 1, "workspace": workspace}
+    if case.sliding_window:
+        kwargs["sliding_window"] = case.sliding_window
     ops_module.paged_attention(c["query"], c["key_cache"], c["value_cache"], c["block_tables"],
                                c["seq_lens"], c["query_start_loc"], c["scale"], out=c["out"],
                                **kwargs)

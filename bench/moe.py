@@ -22,9 +22,8 @@ from pathlib import Path
 
 import torch
 
-# Run as a script, bench/ is sys.path[0], and bench/profile.py would shadow the
-# standard library's profile module (transformers' generation code imports
-# cProfile): import through the repository root instead.
+# Run as a script, bench/ is sys.path[0]: import bench.decode_ab through the
+# repository root instead.
 _ROOT = Path(__file__).resolve().parent.parent
 if sys.path and Path(sys.path[0]).resolve() == _ROOT / "bench":
     sys.path[0] = str(_ROOT)

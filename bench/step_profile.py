@@ -17,7 +17,7 @@ limit: bytes of weights and KV read per step divided by the machine's
 measured copy bandwidth (:func:`memory_bandwidth`, a STREAM-like copy).
 Usage::
 
-    .venv/bin/python bench/profile.py [--batches 1,8,64] [--threads 2] [--steps 20]
+    .venv/bin/python bench/step_profile.py [--batches 1,8,64] [--threads 2] [--steps 20]
         [--model path/to/model.gguf] [--python-layers]
 """
 
