@@ -125,10 +125,16 @@ class CudaBackend(Backend):
                          query_start_loc: torch.Tensor, sizes: AttentionSizes, scale: float,
                          max_query_len: int | None, max_seq_len: int | None,
                          workspace: torch.Tensor | None, batch_invariant: bool = False,
-                         sliding_window: int = 0) -> None:
+                         sliding_window: int = 0, sinks: torch.Tensor | None = None) -> None:
         """Launch the decode and prefill kernels. Without ``workspace``, one
         sized for this batch comes from torch's caching allocator (inside a
-        graph capture, from the graph's pool)."""
+        graph capture, from the graph's pool).
+
+        Raises:
+            ValueError: ``sinks`` (not in the CUDA kernels yet).
+        """
+        if sinks is not None:
+            raise ValueError("sinks: the CUDA kernels have no attention sinks yet")
         device = query.device
         sms = self.num_sms(device)
         max_seq_len = max(1, max_seq_len or sizes.max_blocks_per_seq * sizes.block_size)
