@@ -158,6 +158,7 @@ class Case:
     q_lens: tuple[int, ...]
     ctx_lens: tuple[int, ...]  # cached tokens before this step's
     sliding_window: int = 0  # W > 0: each query sees its last W positions
+    sinks: bool = False  # per-head attention-sink logits (gpt-oss)
 
 
 CASES = (
@@ -186,6 +187,10 @@ CASES = (
          (1023, 1500, 40000), sliding_window=1024),
     Case("prefill chunks window 512", torch.bfloat16, 8, 4, 128, 16, (300, 64, 1, 700),
          (0, 2000, 600, 100), sliding_window=512),
+    Case("decode sinks + window 128 split-K (gpt-oss)", torch.bfloat16, 64, 8, 64, 16,
+         (1, 1, 1), (3, 5000, 40000), sliding_window=128, sinks=True),
+    Case("decode + prefill sinks, full", torch.bfloat16, 64, 8, 64, 16, (1, 90, 1),
+         (20000, 300, 7), sinks=True),
 )  # fmt: skip
 
 
@@ -242,6 +247,7 @@ def make_attention_case(case: Case, device: torch.device | str, seed: int,
         "q_lens": q_lens.tolist(),
         "seq_lens_host": seq_lens.tolist(),
         "sliding_window": case.sliding_window,
+        "sinks": (torch.randn(case.num_heads, generator=g) * 2).to(dev) if case.sinks else None,
     }
 
 
@@ -269,6 +275,12 @@ def reference_attention(c: dict) -> torch.Tensor:
         scores.masked_fill_(pos.unsqueeze(0) > q_pos, float("-inf"))
         if window:  # each query sees p - W < k <= p
             scores.masked_fill_(pos.unsqueeze(0) <= q_pos - window, float("-inf"))
+        if c.get("sinks") is not None:  # a logit column per head, softmaxed, then dropped
+            sink = c["sinks"].float().view(-1, 1, 1).expand(-1, q_len, 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+            ref[start: start + q_len] = torch.einsum("hqk,khd->qhd", probs, v)
+            start += q_len
+            continue
         ref[start: start + q_len] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
         start += q_len
     return ref
@@ -298,6 +310,8 @@ def check_attention_case(case: Case, device: str, seed: int, ops_module, *,
                   "max_seq_len": max(c["seq_lens_host"]) or 1, "workspace": workspace}
     if case.sliding_window:
         kwargs["sliding_window"] = case.sliding_window
+    if case.sinks:
+        kwargs["sinks"] = c["sinks"]
     ops_module.paged_attention(c["query"], c["key_cache"], c["value_cache"], c["block_tables"],
                                c["seq_lens"], c["query_start_loc"], c["scale"], out=c["out"],
                                **kwargs)
