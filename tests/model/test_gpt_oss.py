@@ -275,6 +275,14 @@ def test_mxfp4_blocks_without_scales_are_refused(gpt_oss_mxfp4, tmp_path):
         _ours(tmp_path)
 
 
+def test_model_type_alone_picks_gpt_oss(gpt_oss):
+    from paternoster.model.loader import model_class
+
+    cfg = load_hf_config(gpt_oss[0])
+    cfg.architectures = None
+    assert cfg.model_type == "gpt_oss" and model_class(cfg) is GptOssForCausalLM
+
+
 # --- end to end (attention sinks in the kernels) ---------------------------------
 
 
