@@ -7,7 +7,9 @@ Query row i of sequence b (``q_len = query_start_loc[b+1] - query_start_loc[b]``
 sits at position ``seq_lens[b] - q_len + i`` and attends to positions
 ``0 ..`` that position (with a sliding window W > 0, to the positions
 ``p - W < k <= p``: HF transformers' sliding-window causal mask); query head h
-reads kv head ``h // (Hq // Hkv)``.
+reads kv head ``h // (Hq // Hkv)``. Attention sinks (gpt-oss) follow HF
+transformers' ``gpt_oss`` eager attention: the head's sink logit is one more
+column of the logits, softmaxed with them, then dropped.
 :class:`ReferenceAttentionOps` wraps it in the model's attention-ops interface
 (:class:`paternoster.model.attention.AttentionOps`).
 """
@@ -20,7 +22,8 @@ import torch
 def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor,
                               value_cache: torch.Tensor, block_tables: torch.Tensor,
                               seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                              scale: float, sliding_window: int = 0) -> torch.Tensor:
+                              scale: float, sliding_window: int = 0,
+                              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention over a paged KV cache in float64.
 
     Args:
@@ -30,6 +33,7 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor,
         query_start_loc: ``[B + 1]`` row offsets. scale: softmax scale.
         sliding_window: W > 0: each query sees its last W positions; 0: all.
             Only the table entries of positions some query sees are read.
+        sinks: optional ``[Hq]`` sink logits (unscaled), one per query head.
     Returns:
         float64 ``[T, Hq, D]`` on ``query``'s device; rows of no sequence are 0.
     """
@@ -54,7 +58,12 @@ def paged_attention_reference(query: torch.Tensor, key_cache: torch.Tensor,
         scores.masked_fill_(pos.unsqueeze(0) > q_pos, float("-inf"))
         if sliding_window:
             scores.masked_fill_(pos.unsqueeze(0) <= q_pos - sliding_window, float("-inf"))
-        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:  # [Hq, q_len, L + 1] with the sink last, then the sink dropped
+            sink = sinks.double().to(q.device).view(-1, 1, 1).expand(-1, q_len, 1)
+            probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, v)
     return out
 
 
@@ -85,11 +94,11 @@ class ReferenceAttentionOps:
                         value_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                         out: torch.Tensor | None = None, *, sliding_window: int = 0,
-                        **hints) -> torch.Tensor:
+                        sinks: torch.Tensor | None = None, **hints) -> torch.Tensor:
         """See :func:`paged_attention_reference`; writes the rows of the
         sequences into ``out`` (new if not given) in the query's dtype."""
         ref = paged_attention_reference(query, key_cache, value_cache, block_tables, seq_lens,
-                                        query_start_loc, scale, sliding_window)
+                                        query_start_loc, scale, sliding_window, sinks)
         if out is None:
             out = torch.zeros_like(query)
         first, last = int(query_start_loc[0]), int(query_start_loc[-1])

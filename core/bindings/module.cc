@@ -320,20 +320,20 @@ PYBIND11_MODULE(_core, m) {
          uintptr_t block_tables, uintptr_t seq_lens, uintptr_t query_start_loc, int64_t num_tokens,
          int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
          int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq, double scale,
-         DType dtype, bool batch_invariant, int64_t sliding_window) {
+         DType dtype, bool batch_invariant, int64_t sliding_window, uintptr_t sinks) {
         paged_attention(ptr<void>(out), ptr<const void>(query), ptr<const void>(key_cache),
                         ptr<const void>(value_cache), ptr<const int32_t>(block_tables),
                         ptr<const int32_t>(seq_lens), ptr<const int32_t>(query_start_loc),
                         num_tokens, num_seqs, num_heads, num_kv_heads, head_size, num_blocks,
                         block_size, max_blocks_per_seq, static_cast<float>(scale), dtype,
-                        batch_invariant, sliding_window);
+                        batch_invariant, sliding_window, ptr<const float>(sinks));
       },
       py::arg("out"), py::arg("query"), py::arg("key_cache"), py::arg("value_cache"),
       py::arg("block_tables"), py::arg("seq_lens"), py::arg("query_start_loc"),
       py::arg("num_tokens"), py::arg("num_seqs"), py::arg("num_heads"), py::arg("num_kv_heads"),
       py::arg("head_size"), py::arg("num_blocks"), py::arg("block_size"),
       py::arg("max_blocks_per_seq"), py::arg("scale"), py::arg("dtype"),
-      py::arg("batch_invariant") = false, py::arg("sliding_window") = 0,
+      py::arg("batch_invariant") = false, py::arg("sliding_window") = 0, py::arg("sinks") = 0,
       py::call_guard<py::gil_scoped_release>(),
       "Paged attention on raw data pointers (see paternoster.ops.paged_attention).");
 

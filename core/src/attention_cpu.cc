@@ -74,7 +74,7 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
                          int64_t num_tokens, int64_t num_seqs, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
                          int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype,
-                         bool batch_invariant, int64_t sliding_window);
+                         bool batch_invariant, int64_t sliding_window, const float* sinks);
 
 // Rows (query tokens x heads of one kv group) per work item for prefill: big
 // enough that each K/V block is converted once for many rows (and fills the
@@ -117,11 +117,12 @@ void paged_attention(void* out, const void* query, const void* key_cache,
                      const int32_t* seq_lens, const int32_t* query_start_loc, int64_t num_tokens,
                      int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                      int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
-                     float scale, DType dtype, bool batch_invariant, int64_t sliding_window) {
+                     float scale, DType dtype, bool batch_invariant, int64_t sliding_window,
+                     const float* sinks) {
   run_paged_attention(isa().fn, out, query, key_cache, value_cache, block_tables, seq_lens,
                       query_start_loc, num_tokens, num_seqs, num_heads, num_kv_heads, head_size,
                       num_blocks, block_size, max_blocks_per_seq, scale, dtype, batch_invariant,
-                      sliding_window);
+                      sliding_window, sinks);
 }
 
 namespace detail {
@@ -139,13 +140,13 @@ void paged_attention_isa(const char* isa_name, void* out, const void* query,
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                          int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
                          float scale, DType dtype, bool batch_invariant,
-                         int64_t sliding_window) {
+                         int64_t sliding_window, const float* sinks) {
   for (const Isa& i : available_isas()) {
     if (std::strcmp(i.name, isa_name) == 0) {
       run_paged_attention(i.fn, out, query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, num_tokens, num_seqs, num_heads, num_kv_heads,
                           head_size, num_blocks, block_size, max_blocks_per_seq, scale, dtype,
-                          batch_invariant, sliding_window);
+                          batch_invariant, sliding_window, sinks);
       return;
     }
   }
@@ -162,7 +163,7 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
                          int64_t num_tokens, int64_t num_seqs, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
                          int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype,
-                         bool batch_invariant, int64_t sliding_window) {
+                         bool batch_invariant, int64_t sliding_window, const float* sinks) {
   dtype_size(dtype);
   if (sliding_window < 0) {
     fail("sliding_window must be >= 0 (0 = no window), got " + std::to_string(sliding_window));
@@ -253,7 +254,8 @@ void run_paged_attention(AttnTileFn tile_fn, void* out, const void* query, const
                           max_blocks_per_seq,           scale,      dtype,
                           // a window covering every context is none (and
                           // keeps the kernel's position arithmetic small)
-                          sliding_window < longest ? sliding_window : 0};
+                          sliding_window < longest ? sliding_window : 0,
+                          sinks};
   const size_t scratch_floats = detail::attn_scratch_floats(max_rows, head_size, block_size);
   auto run_item = [&](int64_t i) {
     tile_fn(params, items[static_cast<size_t>(i)], thread_scratch(scratch_floats));

@@ -29,6 +29,7 @@ struct AttnParams {
   float scale;
   DType dtype;
   int64_t window;  // sliding window W (> 0), or 0: full causal attention
+  const float* sinks;  // [num_heads] sink logits, or null: none
 };
 
 // One work item: query tokens [q_begin, q_end) (relative to the sequence's
@@ -79,7 +80,8 @@ void paged_attention_isa(const char* isa, void* out, const void* query, const vo
                          int64_t num_tokens, int64_t num_seqs, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_size, int64_t num_blocks,
                          int64_t block_size, int64_t max_blocks_per_seq, float scale, DType dtype,
-                         bool batch_invariant = false, int64_t sliding_window = 0);
+                         bool batch_invariant = false, int64_t sliding_window = 0,
+                         const float* sinks = nullptr);
 
 }  // namespace detail
 }  // namespace paternoster

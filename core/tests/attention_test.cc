@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -24,12 +25,15 @@ struct Case {
   int64_t hq, hkv, d, bs;
   std::vector<int32_t> q_lens, seq_lens;
   int64_t window = 0;  // sliding window; 0: none
+  std::vector<float> sinks = {};  // sink logit per query head; empty: none
 };
 
 // Builds a random cache/queries for `c`, runs the kernel (variant `isa`) and
 // compares with a double-precision reference; returns the max abs error. With
 // a window, the table entries of blocks wholly before each sequence's first
-// window are -1 (freed blocks): the kernel must not read them.
+// window are -1 (freed blocks): the kernel must not read them. With sinks, the
+// reference adds exp(s_h - max) to each softmax denominator (max over the
+// logits and s_h).
 double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -75,6 +79,7 @@ double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  const float* sinks = c.sinks.empty() ? nullptr : c.sinks.data();
 
   std::vector<float> out_f(q_elems, -7.0f);
   std::vector<uint16_t> kc_h(cache_elems), vc_h(cache_elems), q_h(q_elems), out_h(q_elems);
@@ -82,7 +87,7 @@ double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
     detail::paged_attention_isa(isa, out_f.data(), q.data(), kc.data(), vc.data(),
                                 kernel_tables.data(), c.seq_lens.data(), qsl.data(), t_count,
                                 b_count, c.hq, c.hkv, c.d, num_blocks, c.bs, max_blocks, scale,
-                                dtype, false, c.window);
+                                dtype, false, c.window, sinks);
   } else {
     for (int64_t i = 0; i < cache_elems; ++i) {
       kc_h[i] = to_bf16(kc[i]);
@@ -92,7 +97,7 @@ double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
     detail::paged_attention_isa(isa, out_h.data(), q_h.data(), kc_h.data(), vc_h.data(),
                                 kernel_tables.data(), c.seq_lens.data(), qsl.data(), t_count,
                                 b_count, c.hq, c.hkv, c.d, num_blocks, c.bs, max_blocks, scale,
-                                dtype, false, c.window);
+                                dtype, false, c.window, sinks);
     for (int64_t i = 0; i < q_elems; ++i) out_f[i] = from_bf16(out_h[i]);
   }
 
@@ -116,7 +121,8 @@ double run_case(const Case& c, DType dtype, const char* isa, uint32_t seed) {
           s[t] = dot * scale;
           mx = std::max(mx, s[t]);
         }
-        double sum = 0;
+        if (sinks) mx = std::max(mx, double(sinks[h]));
+        double sum = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
         for (int64_t t = lo; t <= pos; ++t) sum += (s[t] = std::exp(s[t] - mx));
         for (int64_t x = 0; x < c.d; ++x) {
           double o = 0;
@@ -174,6 +180,61 @@ TEST(PagedAttention, SlidingWindowMatchesReferenceAllVariants) {
                 2e-5);
       EXPECT_LT(run_case({16, 1, 64, 8, {1, 33}, {77, 120}, w}, DType::kFloat32, isa.c_str(), 10),
                 2e-5);
+    }
+  }
+}
+
+// Sink logits per head: ordinary ones (about the logits' size), ones large
+// enough to dominate (the row's output near 0), and very negative ones (no
+// effect); with and without a window; decodes, prompts and prefill chunks on
+// the narrow (GQA 3) and wide (group 16) tiles.
+TEST(PagedAttention, SinksMatchReferenceAllVariants) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const auto& isa : detail::available_attention_isas()) {
+    SCOPED_TRACE(isa);
+    for (const int64_t w : {0, 5, 23}) {
+      SCOPED_TRACE(w);
+      Case mixed = kMixed;  // 9 query heads
+      mixed.window = w;
+      mixed.sinks = {0.5f, -1.0f, 2.0f, 30.0f, -inf, -1e30f, 0.0f, 4.0f, -3.0f};
+      EXPECT_LT(run_case(mixed, DType::kFloat32, isa.c_str(), 11), 2e-5);
+      EXPECT_LT(run_case(mixed, DType::kBFloat16, isa.c_str(), 12), 2e-2);
+      Case wide{16, 1, 64, 8, {1, 33}, {77, 120}, w, std::vector<float>(16)};
+      for (int64_t h = 0; h < 16; ++h) wide.sinks[h] = float(h % 5) - 2.0f + (h == 7 ? 50 : 0);
+      EXPECT_LT(run_case(wide, DType::kFloat32, isa.c_str(), 13), 2e-5);
+      EXPECT_LT(run_case(wide, DType::kBFloat16, isa.c_str(), 14), 2e-2);
+      // Head size not a multiple of the vector width, block size 5, MHA.
+      Case odd{4, 4, 40, 5, {1, 70, 2}, {230, 90, 8}, w, {1.0f, -inf, 25.0f, -0.5f}};
+      EXPECT_LT(run_case(odd, DType::kFloat32, isa.c_str(), 15), 2e-5);
+    }
+  }
+}
+
+// A sink of -inf is no sink: the same bits as a call without sinks (narrow and
+// wide tiles, batch-invariant or not).
+TEST(PagedAttention, MinusInfinitySinksKeepTheBits) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t hq = 8, hkv = 2, d = 64, bs = 16, nb = 12, t_count = 40;
+  std::vector<float> kc(nb * bs * hkv * d), vc(kc.size()), q(t_count * hq * d);
+  for (auto* v : {&kc, &vc, &q}) {
+    for (auto& x : *v) x = normal(rng);
+  }
+  // A 39-token chunk after 51 cached tokens, and a decode at position 59.
+  std::vector<int32_t> tables = {3, 0, 5, 1, 4, 2, 8, 11, 7, 10, 0, 0}, seq_lens = {90, 60};
+  std::vector<int32_t> qsl = {0, 39, 40};
+  const std::vector<float> no_sink(hq, -std::numeric_limits<float>::infinity());
+  for (const auto& isa : detail::available_attention_isas()) {
+    SCOPED_TRACE(isa);
+    for (const bool inv : {false, true}) {
+      std::vector<float> a(q.size()), b(q.size());
+      for (auto* out : {&a, &b}) {
+        detail::paged_attention_isa(isa.c_str(), out->data(), q.data(), kc.data(), vc.data(),
+                                    tables.data(), seq_lens.data(), qsl.data(), t_count, 2, hq,
+                                    hkv, d, nb, bs, 6, 0.125f, DType::kFloat32, inv, 0,
+                                    out == &a ? nullptr : no_sink.data());
+      }
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
     }
   }
 }

@@ -136,7 +136,7 @@ PYBIND11_MODULE(PN_CUDA_MODULE, m) {
          int64_t head_size, int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
          int64_t query_stride, int64_t out_stride, int64_t max_query_len, int64_t max_seq_len,
          double scale, pc::DType dtype, uintptr_t workspace, int64_t workspace_bytes,
-         int num_sms, int device, uintptr_t stream, int64_t sliding_window) {
+         int num_sms, int device, uintptr_t stream, int64_t sliding_window, uintptr_t sinks) {
         pc::PagedAttentionArgs a;
         a.out = ptr<void>(out);
         a.query = ptr<const void>(query);
@@ -163,6 +163,7 @@ PYBIND11_MODULE(PN_CUDA_MODULE, m) {
         a.workspace_bytes = workspace_bytes;
         a.num_sms = num_sms;
         a.sliding_window = sliding_window;
+        a.sinks = ptr<const float>(sinks);
         pc::check_paged_attention_args(a);  // ValueError before any CUDA call
         if (num_tokens == 0 || num_seqs == 0) return;
         set_device(device);
@@ -175,7 +176,7 @@ PYBIND11_MODULE(PN_CUDA_MODULE, m) {
       py::arg("max_blocks_per_seq"), py::arg("query_stride"), py::arg("out_stride"),
       py::arg("max_query_len"), py::arg("max_seq_len"), py::arg("scale"), py::arg("dtype"),
       py::arg("workspace"), py::arg("workspace_bytes"), py::arg("num_sms"), py::arg("device"),
-      py::arg("stream"), py::arg("sliding_window") = 0,
+      py::arg("stream"), py::arg("sliding_window") = 0, py::arg("sinks") = 0,
       "Paged attention (decode split-K kernel + prefill kernel); see paternoster.ops.");
 
   m.def("decode_num_splits", &pc::decode_num_splits, py::arg("num_seqs"), py::arg("num_heads"),

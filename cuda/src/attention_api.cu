@@ -218,6 +218,9 @@ PagedAttentionArgs resolve(const PagedAttentionArgs& a) {
   if (a.workspace && reinterpret_cast<uintptr_t>(a.workspace) % 16 != 0) {
     fail("workspace must be 16-byte aligned");
   }
+  if (reinterpret_cast<uintptr_t>(a.sinks) % alignof(float) != 0) {
+    fail("sinks must be 4-byte aligned");
+  }
   return r;
 }
 
@@ -291,6 +294,7 @@ cudaError_t paged_attention(const PagedAttentionArgs& args, cudaStream_t stream)
   d.splits = static_cast<int>(splits);
   d.window = window;
   d.scale_log2 = scale_log2;
+  d.sinks = a.sinks;
   cudaError_t err = detail::launch_decode(d, static_cast<int>(a.dtype),
                                           static_cast<int>(a.head_size), static_cast<int>(gmax),
                                           static_cast<int>(a.num_seqs),
@@ -318,6 +322,7 @@ cudaError_t paged_attention(const PagedAttentionArgs& args, cudaStream_t stream)
   f.log2_block_size = log2_bs;
   f.window = window;
   f.scale_log2 = scale_log2;
+  f.sinks = a.sinks;
   return detail::launch_prefill(f, static_cast<int>(a.dtype), static_cast<int>(a.head_size),
                                 static_cast<int>(a.num_seqs), static_cast<int>(a.num_kv_heads),
                                 static_cast<int>(max_query_len), stream);

@@ -111,6 +111,17 @@ __host__ __device__ __forceinline__ int window_start(int pos, int window) {
   return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
+// The factor that turns an accumulator into a row's output when the softmax
+// also has a sink logit `sink2` (base 2, no value vector), given the row's
+// running maximum and sum of exp2(score - maximum) over its keys:
+// alpha / (sum alpha + exp2(sink2 - mx)), mx = max(maximum, sink2),
+// alpha = exp2(maximum - mx).
+__device__ __forceinline__ float sink_scale(float sum, float maximum, float sink2) {
+  const float mx = fmaxf(maximum, sink2);
+  const float alpha = exp2f(maximum - mx);
+  return alpha / (sum * alpha + exp2f(sink2 - mx));
+}
+
 // Decode kernel parameters (see decode_attention.cu).
 struct DecodeParams {
   void* out;
@@ -123,6 +134,7 @@ struct DecodeParams {
   float* part_out;  // [B, Hq, splits, D] normalised partial outputs
   float* part_max;  // [B, Hq, splits]    base-2 running maxima
   float* part_sum;  // [B, Hq, splits]    sums of exp2(score - max)
+  const float* sinks;  // [Hq] sink logits (natural log), or null
   int64_t query_stride;
   int64_t out_stride;
   int64_t block_stride;  // elements between cache blocks (block_size * Hkv * D)
@@ -158,6 +170,7 @@ struct PrefillParams {
   int log2_block_size;
   int window;  // sliding window W > 0, or 0: full causal attention
   float scale_log2;
+  const float* sinks;  // [Hq] sink logits (natural log), or null
 };
 
 // Launchers (defined next to their kernels). Sizes are already validated.

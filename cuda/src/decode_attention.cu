@@ -23,6 +23,9 @@
 // split writes its normalised partial output with its (max, sum) and
 // decode_reduce_kernel merges them: out = sum_z w_z o_z / sum_z w_z with
 // w_z = sum_z * exp2(max_z - max).
+// An attention sink (gpt-oss: a per-head logit in the normalisation, no value)
+// enters where the row is finished: this kernel's epilogue for one split, the
+// reduction's weights (max and total include it) for several.
 // With a sliding window W the context read is the last W positions, split the
 // same way; the blocks before it are never touched.
 #include <cfloat>
@@ -318,10 +321,13 @@ __global__ void __launch_bounds__(kThreads, min_blocks<GMAX>())
       o[0] += a.x; o[1] += a.y; o[2] += a.z; o[3] += a.w;
       o[4] += bb.x; o[5] += bb.y; o[6] += bb.z; o[7] += bb.w;
     }
-    const float inv = 1.f / fin_sum[g];
+    const int h = h0 + g;
+    // Split partials stay normalised over their keys alone; the reduction adds the sink.
+    const float inv = p.sinks && used == 1
+                          ? sink_scale(fin_sum[g], fin_max[g], p.sinks[h] * kLog2e)
+                          : 1.f / fin_sum[g];
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[j] *= inv;
-    const int h = h0 + g;
     if (used == 1) {
       *reinterpret_cast<uint4*>(out_row + h * D + c * 8) = pack8<T>(o);
     } else {
@@ -356,9 +362,15 @@ __global__ void __launch_bounds__(D) decode_reduce_kernel(const DecodeParams p) 
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     const float m = lane < used ? p.part_max[base + lane] : -FLT_MAX;
-    const float global_max = warp_max(m);
+    float global_max = warp_max(m);
+    float sink_w = 0.f;  // the sink's term of the total (zero value: no output term)
+    if (p.sinks) {
+      const float sink2 = p.sinks[h] * kLog2e;
+      global_max = fmaxf(global_max, sink2);
+      sink_w = exp2f(sink2 - global_max);
+    }
     const float w = lane < used ? p.part_sum[base + lane] * exp2f(m - global_max) : 0.f;
-    const float total = warp_sum(w);
+    const float total = warp_sum(w) + sink_w;
     if (lane < used) weight[lane] = w / total;
   }
   __syncthreads();

@@ -10,7 +10,9 @@
 // al., 2022: running row maximum and sum, rescale the accumulator when the
 // maximum grows), then O += P V (each thread 4 rows x D/8 dimensions). fp32
 // accumulation. With a window the key tiles start at the first key the tile's
-// first query sees, so blocks wholly before it are never read.
+// first query sees, so blocks wholly before it are never read. An attention
+// sink (a per-head logit in the normalisation, no value) enters in the
+// epilogue, once per row.
 // Simple rather than peak-FLOP (no tensor cores): decode, which dominates
 // serving, has its own kernel; the paging follows PagedAttention (Kwon et al.,
 // SOSP'23).
@@ -211,7 +213,8 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PrefillPa
     const int tq = r / hc;
     const int g = r - tq * hc;
     if (tq >= nt || g >= ng) continue;
-    const float inv = 1.f / l[i];
+    const float inv =
+        p.sinks ? sink_scale(l[i], m[i], p.sinks[h0 + g] * kLog2e) : 1.f / l[i];
     uint32_t* dst = reinterpret_cast<uint32_t*>(
         obase + static_cast<int64_t>(q0 + t0 + tq) * p.out_stride + (h0 + g) * D);
 #pragma unroll

@@ -124,6 +124,16 @@ TEST(CudaPagedAttention, RejectsNegativeSlidingWindow) {
   EXPECT_THROW(pc::check_paged_attention_args(a), std::invalid_argument);
 }
 
+TEST(CudaPagedAttention, RejectsMisalignedSinks) {
+  auto a = decode_args();
+  alignas(16) static float sinks[33] = {};
+  a.sinks = sinks;
+  EXPECT_NO_THROW(pc::check_paged_attention_args(a));
+  a.sinks = reinterpret_cast<const float*>(reinterpret_cast<const char*>(sinks) + 2);
+  EXPECT_THROW(pc::paged_attention(a, nullptr), std::invalid_argument);
+  EXPECT_THROW(pc::check_paged_attention_args(a), std::invalid_argument);
+}
+
 TEST(CudaPagedAttention, CheckMatchesTheLauncher) {
   auto a = decode_args();
   EXPECT_NO_THROW(pc::check_paged_attention_args(a));

@@ -350,13 +350,16 @@ def _paged_attention_ptr(
     dtype: DType,
     batch_invariant: bool = False,
     sliding_window: int = 0,
+    sinks: int = 0,
 ) -> None:
     """Paged attention on raw CPU data pointers (contiguous layouts as documented
     in :func:`paternoster.kernels.paged_attention`); ``batch_invariant``: one
     work item per query token; ``sliding_window``: W > 0 limits each query to
     its last W positions (0: full causal; negative: ValueError); block ids of
     blocks wholly before the first query's window are neither read nor
-    checked. Releases the GIL. Checks sizes,
+    checked; ``sinks``: the address of float32 ``[num_heads]`` attention-sink
+    logits (one more softmax term per head, no value), 0 = none. Releases the
+    GIL. Checks sizes,
     ``query_start_loc``, ``seq_lens`` and block ids against ``num_blocks``, raising
     ValueError before writing; cannot check that the pointers are valid. Use
     :func:`paternoster.kernels.paged_attention` instead."""

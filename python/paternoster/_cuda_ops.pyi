@@ -51,11 +51,12 @@ def paged_attention(
     num_kv_heads: int, head_size: int, num_blocks: int, block_size: int,
     max_blocks_per_seq: int, query_stride: int, out_stride: int, max_query_len: int,
     max_seq_len: int, scale: float, dtype: DType, workspace: int, workspace_bytes: int,
-    num_sms: int, device: int, stream: int, sliding_window: int = 0,
+    num_sms: int, device: int, stream: int, sliding_window: int = 0, sinks: int = 0,
 ) -> None:
     """Causal paged attention, layouts as in :mod:`paternoster.kernels`
     (``sliding_window`` W > 0: each query sees its last W positions; blocks
-    wholly before the first query's window are not read); head size
+    wholly before the first query's window are not read; ``sinks``: device
+    address of float32 ``[num_heads]`` attention-sink logits, 0 = none); head size
     64 or 128, block size a power of two >= 8, 16-byte aligned pointers,
     strides (0 = dense) multiples of 8 elements. ``max_query_len`` (0 = T) and
     ``max_seq_len`` (0 = max_blocks_per_seq * block_size) are upper bounds;

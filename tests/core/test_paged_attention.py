@@ -502,3 +502,143 @@ def test_sliding_window_takes_integers_only(good_args):
     for bad in (2.5, "3", True):
         with pytest.raises(ValueError, match="sliding_window"):
             kernels.paged_attention(**good_args, sliding_window=bad)
+
+
+# ------------------------------------------------------------------ attention sinks
+
+
+def run_with_sinks(rng, q_lens, context_lens, hq, hkv, d, bs, dtype, sinks, window=0,
+                   batch_invariant=False):
+    """The kernel with ``sinks`` (float32 ``[hq]``) against the reference with
+    the same sinks (and window); returns (output, float64 reference)."""
+    query, k_cache, v_cache, tables, seq_lens, qsl = make_batch(
+        rng, q_lens, context_lens, hq, hkv, d, bs, dtype
+    )
+    if window:
+        poison_out_of_window(tables, seq_lens, q_lens, bs, window)
+    meta = (torch.from_numpy(tables), torch.from_numpy(seq_lens), torch.from_numpy(qsl))
+    scale = d**-0.5
+    out = kernels.paged_attention(query, k_cache, v_cache, *meta, scale,
+                                  batch_invariant=batch_invariant, sliding_window=window,
+                                  sinks=sinks)
+    ref = paged_attention_reference(query.float(), k_cache.float(), v_cache.float(), *meta,
+                                    scale, window, sinks).numpy()
+    got = out.float().numpy()
+    if dtype == torch.float32:
+        np.testing.assert_allclose(got, ref, atol=F32_TOL, rtol=0)
+    else:
+        assert np.abs(got - ref).max() <= BF16_TOL * max(np.abs(ref).max(), 1e-3)
+    return out, ref
+
+
+@pytest.mark.parametrize("window", [0, 5, 37])
+@pytest.mark.parametrize("heads", [(8, 2), (9, 3), (4, 4), (16, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sinks_match_reference(window, heads, dtype):
+    """Sinks of the logits' size on decodes, a prompt and prefill chunks; GQA
+    groups on the narrow and the wide path; with and without a window."""
+    rng = np.random.default_rng()
+    sinks = torch.randn(heads[0]) * 2
+    run_with_sinks(rng, *WINDOW_MIXED, *heads, 64, 16, dtype, sinks, window)
+
+
+@pytest.mark.parametrize("head_size", [40, 128])
+def test_sinks_other_head_and_block_sizes(head_size):
+    rng = np.random.default_rng()
+    for block_size, window in ((8, 0), (32, 19), (5, 3)):
+        run_with_sinks(rng, *WINDOW_MIXED, 8, 2, head_size, block_size, torch.float32,
+                       torch.randn(8), window)
+
+
+@pytest.mark.parametrize("window", [0, 9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dominating_sinks_drive_the_output_to_zero(window, dtype):
+    """A sink far above every logit takes almost all the probability: the
+    rows of its heads are ~0, the others' are ordinary."""
+    rng = np.random.default_rng()
+    sinks = torch.tensor([60.0, 0.0, 60.0, -1.0, 60.0, 1.0, 60.0, 0.5, 60.0])
+    out, ref = run_with_sinks(rng, *WINDOW_MIXED, 9, 3, 64, 16, dtype, sinks, window)
+    assert out[:, 0::2].float().abs().max() < 1e-15
+    assert np.abs(ref[:, 1::2]).max() > 0.1
+
+
+@pytest.mark.parametrize("sink", [float("-inf"), -1e30, -1e4])
+@pytest.mark.parametrize("heads", [(9, 3), (16, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_very_negative_sinks_are_no_sinks(sink, heads, dtype):
+    """exp(sink - max) is 0 in float32: the same bits as no sinks, batch
+    invariant or not, windowed or not."""
+    rng = np.random.default_rng()
+    hq, hkv = heads
+    query, k_cache, v_cache, tables, seq_lens, qsl = make_batch(
+        rng, *WINDOW_MIXED, hq, hkv, 64, 16, dtype)
+    meta = (torch.from_numpy(tables), torch.from_numpy(seq_lens), torch.from_numpy(qsl))
+    sinks = torch.full((hq,), sink)
+    for kw in ({}, {"batch_invariant": True}, {"sliding_window": 23}):
+        plain = kernels.paged_attention(query, k_cache, v_cache, *meta, 0.125, **kw)
+        sunk = kernels.paged_attention(query, k_cache, v_cache, *meta, 0.125, sinks=sinks, **kw)
+        assert torch.equal(plain, sunk)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sinks_two_threads(dtype):
+    rng = np.random.default_rng()
+    _core.set_num_threads(2)
+    try:
+        run_with_sinks(rng, *WINDOW_MIXED, 9, 3, 64, 16, dtype, torch.randn(9), 29)
+        run_with_sinks(rng, *WINDOW_MIXED, 9, 3, 64, 16, dtype, torch.randn(9))
+    finally:
+        _core.set_num_threads(1)
+
+
+@pytest.mark.parametrize("window", [0, 21])
+@pytest.mark.parametrize("heads", [(8, 2), (16, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sinks_batch_invariant_rows(window, heads, dtype):
+    """batch_invariant with sinks: every token's bits are the same whether it
+    is decoded alone, prefilled in one chunk, or in chunks within a batch."""
+    hq, hkv = heads
+    d, bs, n = 64, 16, 70
+    rng = np.random.default_rng()
+    num_blocks = 8
+    k_cache = torch.randn(num_blocks, bs, hkv, d).to(dtype)
+    v_cache = torch.randn(num_blocks, bs, hkv, d).to(dtype)
+    table = torch.from_numpy(rng.permutation(num_blocks)[None, :].astype(np.int32))
+    query = torch.randn(n, hq, d).to(dtype)
+    sinks = torch.randn(hq) * 2
+
+    def attend(rows, seq_len, tables=table):
+        qsl = torch.tensor([0, len(rows)], dtype=torch.int32)
+        return kernels.paged_attention(query[rows], k_cache, v_cache, tables,
+                                       torch.tensor([seq_len], dtype=torch.int32), qsl, 0.125,
+                                       batch_invariant=True, sliding_window=window, sinks=sinks)
+
+    whole = attend(list(range(n)), n)
+    run_with_sinks(rng, [n], [0], hq, hkv, d, bs, dtype, sinks, window, batch_invariant=True)
+    for p in (0, 5, 20, 21, 22, 47, n - 1):
+        assert torch.equal(attend([p], p + 1)[0], whole[p])
+    assert torch.equal(attend(list(range(30, 55)), 55), whole[30:55])
+    rows = [40, 41, 42, 12, 66]
+    qsl = torch.tensor([0, 3, 4, 5], dtype=torch.int32)
+    batched = kernels.paged_attention(query[rows], k_cache, v_cache, table.repeat(3, 1),
+                                      torch.tensor([43, 13, 67], dtype=torch.int32), qsl, 0.125,
+                                      batch_invariant=True, sliding_window=window, sinks=sinks)
+    assert torch.equal(batched, whole[rows])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda hq: torch.zeros(hq, dtype=torch.float64),
+        lambda hq: torch.zeros(hq, dtype=torch.bfloat16),
+        lambda hq: torch.zeros(hq + 1),
+        lambda hq: torch.zeros(1, hq),
+        lambda hq: torch.zeros(2 * hq)[::2],  # non-contiguous
+        lambda hq: torch.zeros(hq, device="meta"),
+        lambda hq: [0.0] * hq,
+    ],
+)
+def test_sinks_rejects_bad_argument(good_args, bad):
+    hq = good_args["query"].shape[1]
+    with pytest.raises(ValueError, match="sinks"):
+        kernels.paged_attention(**good_args, sinks=bad(hq))

@@ -108,7 +108,7 @@ ATTN_FIELDS = ("out", "query", "key_cache", "value_cache", "block_tables", "seq_
                "query_start_loc", "num_tokens", "num_seqs", "num_heads", "num_kv_heads",
                "head_size", "num_blocks", "block_size", "max_blocks_per_seq", "query_stride",
                "out_stride", "max_query_len", "max_seq_len", "scale", "dtype", "workspace",
-               "workspace_bytes", "num_sms", "device", "stream", "sliding_window")
+               "workspace_bytes", "num_sms", "device", "stream", "sliding_window", "sinks")
 
 
 @pytest.fixture
@@ -145,6 +145,19 @@ def test_backend_passes_the_sliding_window(fake):
     assert last_call(fake, "paged_attention").sliding_window == 4096
     with pytest.raises(ValueError, match="sliding_window"):
         fake.paged_attention(*t.values(), 0.125, sliding_window=-1)
+
+
+def test_backend_passes_the_sinks_address(fake):
+    t = attention_tensors()
+    fake.paged_attention(*t.values(), 0.125)
+    assert last_call(fake, "paged_attention").sinks == 0
+    sinks = torch.empty(32, device=META)  # float32 [Hq] on the query's device
+    fake.paged_attention(*t.values(), 0.125, sinks=sinks)
+    assert last_call(fake, "paged_attention").sinks == sinks.data_ptr()
+    for bad in (torch.empty(8, device=META), torch.empty(32, dtype=torch.bfloat16, device=META),
+                torch.empty(32)):
+        with pytest.raises(ValueError, match="sinks"):
+            fake.paged_attention(*t.values(), 0.125, sinks=bad)
 
 
 def test_backend_uses_the_callers_hints_and_workspace(fake):

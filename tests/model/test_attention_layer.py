@@ -85,3 +85,33 @@ def test_negative_window_is_a_value_error():
     q, k, v, cache, attn = _step()
     with pytest.raises(ValueError, match="sliding_window"):
         paged_attention_layer(RecordingOps(), q, k, v, cache, attn, 0.2, sliding_window=-1)
+
+
+def test_sinks_keyword_is_passed_only_when_given():
+    q, k, v, cache, attn = _step()
+    ops = RecordingOps()
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    paged_attention_layer(ops, q, k, v, cache, attn, 0.2)
+    paged_attention_layer(ops, q, k, v, cache, attn, 0.2, sinks=None)
+    paged_attention_layer(ops, q, k, v, cache, attn, 0.2, sliding_window=5, sinks=sinks)
+    assert ops.calls[:2] == [{}, {}]
+    assert ops.calls[2].keys() == {"sliding_window", "sinks"}
+    assert ops.calls[2]["sinks"] is sinks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 5])
+def test_layer_with_sinks_matches_reference(dtype, window):
+    """The CPU kernels through the layer with sinks (one per query head, one
+    of them dominating) against the reference ops; sinks change the output."""
+    q, k, v, cache, attn = _step(dtype)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 9.0])
+    ref_cache = tuple(c.clone() for c in cache)
+    got = paged_attention_layer(kernels, q, k, v, cache, attn, D**-0.5, sliding_window=window,
+                                sinks=sinks)
+    want = paged_attention_layer(ReferenceAttentionOps(), q, k, v, ref_cache, attn, D**-0.5,
+                                 sliding_window=window, sinks=sinks)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    plain = paged_attention_layer(kernels, q, k, v, cache, attn, D**-0.5, sliding_window=window)
+    assert not torch.allclose(got.float(), plain.float(), atol=1e-2)

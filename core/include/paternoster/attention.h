@@ -31,8 +31,8 @@ enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1 };
 // Size in bytes of one element of `dtype`.
 int64_t dtype_size(DType dtype);
 
-// out = softmax(scale * Q K^T + causal mask) V, per sequence and head, reading
-// K/V through the block tables. Runs on default_thread_pool(), parallel over
+// out = softmax(scale * Q K^T + causal mask [, sink]) V, per sequence and head,
+// reading K/V through the block tables. Runs on default_thread_pool(), parallel over
 // (sequence, kv head, tile of query rows). num_tokens is T (rows of query and
 // out); num_blocks is the cache's first dimension (block ids are checked
 // against it). Rows of `out` outside [qsl[0], qsl[B]) are left untouched.
@@ -50,13 +50,22 @@ int64_t dtype_size(DType dtype);
 // of blocks wholly before the window of a sequence's first query row (every
 // position < first position - W + 1) are neither read nor checked (a cache
 // manager may have freed them and written -1), so a decode costs O(W).
+// sinks: null, or float32 [num_heads]: query head h's attention-sink logit s_h
+// (gpt-oss; Xiao et al., "Efficient Streaming Language Models with Attention
+// Sinks", 2023) joins the softmax's normalisation without a value vector:
+//   out = sum_k exp(l_k - m) v_k / (sum_k exp(l_k - m) + exp(s_h - m)),
+//   m = max(max_k l_k, s_h), l_k = scale * q.k over the keys the query sees
+// (HF transformers' gpt_oss eager attention: the sink is one more column of the
+// logits, softmaxed, then dropped). s_h is not scaled; -inf is no sink. It
+// enters once per (query row, head) when the row is written, so it keeps
+// batch_invariant's guarantee, and a call without sinks keeps its bits.
 void paged_attention(void* out, const void* query, const void* key_cache,
                      const void* value_cache, const int32_t* block_tables,
                      const int32_t* seq_lens, const int32_t* query_start_loc, int64_t num_tokens,
                      int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                      int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq,
                      float scale, DType dtype, bool batch_invariant = false,
-                     int64_t sliding_window = 0);
+                     int64_t sliding_window = 0, const float* sinks = nullptr);
 
 // Copies key[t] / value[t] (each [Hkv, D]) into cache slot slot_mapping[t] for
 // t < num_tokens; a negative slot skips the token. num_slots is

@@ -128,10 +128,19 @@ struct PagedAttentionArgs {
   // before the window of a sequence's first query row are not read (they may
   // be -1), and a decode reads O(W) tokens.
   int64_t sliding_window = 0;
+  // Attention sinks (gpt-oss): float32 [Hq] device array, or null: none. Query
+  // head h's logit s_h joins every row's softmax normalisation without a value
+  // vector: out = sum_k exp(l_k - m) v_k / (sum_k exp(l_k - m) + exp(s_h - m)),
+  // m = max(max_k l_k, s_h), l_k = scale * q.k over the keys the row sees (HF
+  // transformers' gpt_oss eager attention). Not scaled; -inf = no sink. 4-byte
+  // aligned.
+  const float* sinks = nullptr;
 };
 
-// out = softmax(scale * Q K^T + causal mask) V per sequence and query head,
-// reading K/V through the block tables.
+// out = softmax(scale * Q K^T + causal mask [+ sink]) V per sequence and query
+// head, reading K/V through the block tables. A sink enters once per (row,
+// head) where the row is written: the decode kernel's epilogue when a sequence
+// used one split, else the split-K reduction; the prefill kernel's epilogue.
 //  - Sequences with q_len == 1 run the decode kernel: one thread block per
 //    (sequence, kv head, split), handling all query heads of the GQA group so
 //    K/V is read once per group; the context is split into up to
@@ -145,7 +154,7 @@ struct PagedAttentionArgs {
 //    are left untouched.
 // Throws std::invalid_argument for null pointers, unsupported head size,
 // block size or dtype, Hq not a multiple of Hkv, strides below Hq * D,
-// misaligned pointers, a negative sliding_window, or more than 65535
+// misaligned pointers (sinks: 4 bytes), a negative sliding_window, or more than 65535
 // sequences; returns the launch error.
 cudaError_t paged_attention(const PagedAttentionArgs& args, cudaStream_t stream);
 

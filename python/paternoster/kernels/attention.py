@@ -45,14 +45,16 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     max_seq_len: int | None = None,
                     workspace: torch.Tensor | None = None,
                     batch_invariant: bool = False,
-                    sliding_window: int = 0) -> torch.Tensor:
+                    sliding_window: int = 0,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of this step's queries over the paged KV cache.
 
     Query row i of sequence b (``q_len = query_start_loc[b+1] - query_start_loc[b]``)
     sits at position ``seq_lens[b] - q_len + i`` and attends to the cached
     positions ``0 ..`` that position (with a sliding window W, only the W
     positions ``p - W < k <= p`` ending there), read through ``block_tables[b]``:
-    ``out = softmax(scale * q K^T) V`` per head. One call may mix whole prompts,
+    ``out = softmax(scale * q K^T) V`` per head (with ``sinks``, one more
+    logit per head in the softmax). One call may mix whole prompts,
     prefill chunks over earlier cached context and single decode tokens. GQA /
     MQA: query head h reads kv head ``h // (Hq // Hkv)``. The cache must already
     hold this step's keys and values (:func:`reshape_and_cache`). 16-bit
@@ -92,6 +94,15 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             itself included (HF transformers' sliding-window causal mask);
             blocks wholly out of every query's window are skipped, so a decode
             costs O(W). 0: full causal attention.
+        sinks: optional float32 ``[Hq]`` attention-sink logits on the query's
+            device (gpt-oss; Xiao et al., "Efficient Streaming Language Models
+            with Attention Sinks", 2023): head h's logit ``s_h`` joins each
+            row's softmax normalisation without a value vector,
+            ``out = sum_k exp(l_k - m) v_k / (sum_k exp(l_k - m) + exp(s_h - m))``
+            with ``l_k = scale * q.k`` over the keys the row sees (causal,
+            windowed) and ``m = max(max_k l_k, s_h)`` (HF transformers'
+            ``gpt_oss`` eager attention). ``s_h`` is not scaled; ``-inf`` is
+            no sink, a large one drives the row towards 0. None: no sinks.
 
     Returns:
         ``out`` (a new ``[T, Hq, D]`` tensor if not given).
@@ -99,7 +110,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     Raises:
         ValueError: naming the argument, for a wrong type, dtype, device, shape,
             non-contiguous tensor, an unsupported head or block size (CUDA), a
-            negative ``sliding_window``; on
+            negative ``sliding_window``, ``sinks`` other than float32 ``[Hq]``
+            on the query's device; on
             CPU also for a block id outside the cache, a sequence whose
             ``seq_lens`` is below its query length or above
             ``max_blocks_per_seq * block_size``, or a bad ``query_start_loc``.
@@ -108,7 +120,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     return backend_for(query.device).paged_attention(
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out,
         max_query_len=max_query_len, max_seq_len=max_seq_len, workspace=workspace,
-        batch_invariant=batch_invariant, sliding_window=sliding_window)
+        batch_invariant=batch_invariant, sliding_window=sliding_window, sinks=sinks)
 
 
 def alloc_decode_workspace(device: torch.device | str, max_num_seqs: int, num_heads: int,

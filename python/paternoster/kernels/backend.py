@@ -27,6 +27,7 @@ from paternoster.kernels.checks import (
     check_attention,
     check_attention_indices,
     check_cache_write,
+    check_sinks,
     check_slots,
 )
 from paternoster.kernels.quant import QuantizedWeight
@@ -74,14 +75,16 @@ class Backend:
                         max_seq_len: int | None = None,
                         workspace: torch.Tensor | None = None,
                         batch_invariant: bool = False,
-                        sliding_window: int = 0) -> torch.Tensor:
+                        sliding_window: int = 0,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Causal attention of ``query`` ``[T, Hq, D]`` over the paged cache,
-        optionally within a sliding window (see
+        optionally within a sliding window and with attention sinks (see
         :func:`paternoster.kernels.paged_attention`); returns ``out``.
 
         Raises:
-            ValueError: naming a bad argument (a negative ``sliding_window``
-                among them); ``batch_invariant`` on a backend without that mode.
+            ValueError: naming a bad argument (a negative ``sliding_window``,
+                ``sinks`` not float32 ``[Hq]`` on the query's device among
+                them); ``batch_invariant`` on a backend without that mode.
         """
         if batch_invariant and not self.batch_invariant_attention:
             raise ValueError(f"{type(self).__name__} has no batch-invariant attention")
@@ -92,6 +95,8 @@ class Backend:
             raise ValueError(f"sliding_window must be >= 0 (0 = no window), got {sliding_window}")
         sizes = check_attention(query, key_cache, value_cache, block_tables, seq_lens,
                                 query_start_loc, out, self.dtypes)
+        if sinks is not None:
+            check_sinks(sinks, sizes.num_heads, query.device)
         if self.check_indices:
             check_attention_indices(block_tables, seq_lens, query_start_loc, sizes.num_tokens,
                                     sizes.num_blocks, sizes.block_size, max_query_len,
@@ -100,7 +105,7 @@ class Backend:
             out = torch.empty_like(query)
         self._paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
                               query_start_loc, sizes, float(scale), max_query_len, max_seq_len,
-                              workspace, batch_invariant, sliding_window)
+                              workspace, batch_invariant, sliding_window, sinks)
         return out
 
     def alloc_decode_workspace(self, device: torch.device | str, max_num_seqs: int,
@@ -126,7 +131,7 @@ class Backend:
                          query_start_loc: torch.Tensor, sizes: AttentionSizes, scale: float,
                          max_query_len: int | None, max_seq_len: int | None,
                          workspace: torch.Tensor | None, batch_invariant: bool = False,
-                         sliding_window: int = 0) -> None:
+                         sliding_window: int = 0, sinks: torch.Tensor | None = None) -> None:
         raise NotImplementedError
 
     # ------------------------------------------------------------ linear

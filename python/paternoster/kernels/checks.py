@@ -136,6 +136,20 @@ def check_attention(query: object, key_cache: object, value_cache: object,
     return AttentionSizes(t, b, hq, hkv, d, num_blocks, block_size, max_blocks)
 
 
+def check_sinks(sinks: object, num_heads: int, device: torch.device) -> None:
+    """Attention-sink logits: a contiguous float32 ``[num_heads]`` tensor on
+    ``device`` (the query's), whatever the query's dtype (gpt-oss keeps its
+    sinks in the model dtype; the caller converts them once).
+
+    Raises:
+        ValueError: naming ``sinks``, for a non-tensor, a wrong dtype, shape or
+            device, or a non-contiguous tensor.
+    """
+    if check_tensor(sinks, "sinks", 1, torch.float32, device)[0] != num_heads:
+        raise ValueError(f"sinks must have shape ({num_heads},) (one logit per query head), "
+                         f"got {tuple(sinks.shape)}")  # type: ignore[attr-defined]
+
+
 def check_attention_indices(block_tables: torch.Tensor, seq_lens: torch.Tensor,
                             query_start_loc: torch.Tensor, num_tokens: int, num_blocks: int,
                             block_size: int, max_query_len: int | None,

@@ -81,12 +81,12 @@ class CpuBackend(Backend):
                          query_start_loc: torch.Tensor, sizes: AttentionSizes, scale: float,
                          max_query_len: int | None, max_seq_len: int | None,
                          workspace: torch.Tensor | None, batch_invariant: bool = False,
-                         sliding_window: int = 0) -> None:
+                         sliding_window: int = 0, sinks: torch.Tensor | None = None) -> None:
         _core._paged_attention_ptr(out.data_ptr(), query.data_ptr(), key_cache.data_ptr(),
                                    value_cache.data_ptr(), block_tables.data_ptr(),
                                    seq_lens.data_ptr(), query_start_loc.data_ptr(), *sizes,
                                    scale, CPU_DTYPES[query.dtype], batch_invariant,
-                                   sliding_window)
+                                   sliding_window, 0 if sinks is None else sinks.data_ptr())
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  out: torch.Tensor | None = None) -> torch.Tensor:

@@ -125,7 +125,7 @@ class CudaBackend(Backend):
                          query_start_loc: torch.Tensor, sizes: AttentionSizes, scale: float,
                          max_query_len: int | None, max_seq_len: int | None,
                          workspace: torch.Tensor | None, batch_invariant: bool = False,
-                         sliding_window: int = 0) -> None:
+                         sliding_window: int = 0, sinks: torch.Tensor | None = None) -> None:
         """Launch the decode and prefill kernels. Without ``workspace``, one
         sized for this batch comes from torch's caching allocator (inside a
         graph capture, from the graph's pool)."""
@@ -145,5 +145,5 @@ class CudaBackend(Backend):
             block_tables.data_ptr(), seq_lens.data_ptr(), query_start_loc.data_ptr(), *sizes,
             0, 0, sizes.num_tokens if max_query_len is None else max_query_len, max_seq_len,
             scale, self.dtypes[query.dtype], ws_ptr, ws_bytes, sms, _index(device),
-            self.stream(device), sliding_window,
+            self.stream(device), sliding_window, 0 if sinks is None else sinks.data_ptr(),
         )

@@ -41,7 +41,13 @@ class AttentionOps(Protocol):
         each query then attends to its last W positions, itself included, and
         the table entries of blocks wholly before the window of a sequence's
         first query may be -1 (freed). Ops without windows need not take the
-        keyword as long as no layer has one."""
+        keyword as long as no layer has one. With ``sinks=`` (float32
+        ``[Hq]`` on the query's device) for a layer with attention sinks
+        (gpt-oss): head h's logit ``s_h`` joins each row's softmax
+        normalisation without a value vector, ``out = sum_k exp(l_k - m) v_k
+        / (sum_k exp(l_k - m) + exp(s_h - m))``, ``m = max(max_k l_k, s_h)``
+        over the logits ``l_k`` of the keys the row sees; ops need not take
+        the keyword as long as no layer has sinks."""
 
 
 def default_attention_ops() -> AttentionOps:
@@ -106,7 +112,7 @@ class AttentionMetadata:
 def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           kv_cache: tuple[torch.Tensor, torch.Tensor], attn: AttentionMetadata,
                           scale: float, sliding_window: int = 0,
-                          kv_group: int = 0) -> torch.Tensor:
+                          kv_group: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One layer's attention step.
 
     Args:
@@ -121,6 +127,10 @@ def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v
             passed, so ops without it still work).
         kv_group: the layer's KV cache group (its slot mapping and block
             tables in ``attn``).
+        sinks: the layer's attention-sink logits, float32 ``[Hq]`` on ``q``'s
+            device (gpt-oss; converted once from the checkpoint's dtype by the
+            caller), passed to ``ops.paged_attention`` as ``sinks=``; None: no
+            sinks (the keyword is not passed).
     Returns:
         [T, Hq, D] attention output, model dtype.
     Raises:
@@ -139,5 +149,7 @@ def paged_attention_layer(ops: AttentionOps, q: torch.Tensor, k: torch.Tensor, v
                      workspace=attn.workspace)
     if sliding_window > 0:
         hints["sliding_window"] = sliding_window
+    if sinks is not None:
+        hints["sinks"] = sinks
     return ops.paged_attention(q.contiguous(), key_cache, value_cache, block_tables,
                                attn.seq_lens, attn.query_start_loc, scale, **hints)
