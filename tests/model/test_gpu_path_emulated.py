@@ -55,13 +55,16 @@ class EagerGraphs(cuda_graphs.DecodeGraphs):
             self._graphs[size] = (Replay(), hidden)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "smollm3", "qwen3_moe", "gemma3"])
+@pytest.fixture(scope="module",
+                params=["llama", "qwen3", "smollm3", "qwen3_moe", "gemma3", "gpt_oss"])
 def hf_and_dir(request, tmp_path_factory):
     """A tiny Llama, a tiny Qwen3 (per-head q/k norms, weights away from 1), a
     tiny SmolLM3 (its second layer without RoPE), a tiny Qwen3-MoE (4
     experts, 2 per token, a random router) and a tiny Gemma 3 (a sliding and a
     full layer, norm weights away from 0; the window, 512, caps the context
-    above the longest sequence here)."""
+    above the longest sequence here) and a tiny gpt-oss (YaRN, random sinks,
+    router and expert biases; full-attention layers: the decode graphs take
+    one KV cache group)."""
     torch.manual_seed(0)
     if request.param == "gemma3":
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
@@ -73,6 +76,22 @@ def hf_and_dir(request, tmp_path_factory):
             for name, param in hf.named_parameters():
                 if name.endswith("norm.weight"):
                     param.uniform_(-0.5, 0.5)
+    elif request.param == "gpt_oss":
+        from transformers import GptOssConfig, GptOssForCausalLM
+
+        rope = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 256,
+                "rope_theta": CONFIG["rope_theta"]}
+        hf = GptOssForCausalLM(GptOssConfig(
+            **{k: v for k, v in CONFIG.items() if k != "rope_theta"}, rope_parameters=rope,
+            num_local_experts=4, num_experts_per_tok=2,
+            layer_types=["full_attention"] * 2, pad_token_id=0))
+        with torch.no_grad():
+            for name, param in hf.named_parameters():
+                if name.endswith(("sinks", "router.weight")):
+                    param.normal_(0.0, 1.0)
+                elif name.endswith("bias"):
+                    param.normal_(0.0, 0.02)
     elif request.param == "llama":
         hf = LlamaForCausalLM(LlamaConfig(**CONFIG))
     elif request.param == "qwen3_moe":

@@ -139,7 +139,7 @@ def test_architecture_falls_back_to_model_type():
 
 def test_unsupported_rope_type_raises(tmp_path, attn_ops, llama3_dir):
     cfg = json.loads((llama3_dir / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     cfg.pop("rope_scaling", None)
     for f in llama3_dir.iterdir():
         (tmp_path / f.name).write_bytes(f.read_bytes())

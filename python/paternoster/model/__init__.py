@@ -1,4 +1,4 @@
-"""The model side: our Llama/Qwen2/Qwen3(-MoE)/SmolLM3/Gemma 3 modules over a paged KV
+"""The model side: our Llama/Qwen2/Qwen3(-MoE)/SmolLM3/Gemma 3/gpt-oss modules over a paged KV
 cache, weight loading, the ModelRunner, the Sampler and the embedded default model.
 
 Modules (import them directly; this package imports nothing heavy):
@@ -12,7 +12,9 @@ Modules (import them directly; this package imports nothing heavy):
     smollm3        SmolLM3ForCausalLM (no RoPE in every fourth layer)
     phi3           Phi3ForCausalLM (fused projections in the checkpoint)
     gemma3         Gemma3ForCausalLM (four norms per layer, GeGLU, local and global RoPE)
-    rope           rotary embedding tables (default, linear, llama3 scaling)
+    gpt_oss        GptOssForCausalLM (attention sinks, biased experts with a clamped SwiGLU)
+    mxfp4          MXFP4 (OCP MX) dequantization of gpt-oss's expert weights
+    rope           rotary embedding tables (default, linear, llama3, yarn scaling)
     attention      AttentionMetadata and the per-layer paged-attention step
     runner         ModelRunner: model + KV cache, one forward per engine step
     cuda_graphs    DecodeGraphs: captured decode forwards for padded batch sizes (CUDA)

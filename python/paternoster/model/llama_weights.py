@@ -71,6 +71,8 @@ class LlamaWeights:
         if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
             table["self_attn.q_norm.weight"] = (attn.q_norm, "weight", 0, attn.head_dim)
             table["self_attn.k_norm.weight"] = (attn.k_norm, "weight", 0, attn.head_dim)
+        if getattr(attn, "sinks", None) is not None:  # gpt-oss
+            table["self_attn.sinks"] = (attn, "sinks", 0, attn.num_heads)
         for norm in _FEEDFORWARD_NORMS:  # Gemma 3
             if hasattr(layer, norm):
                 table[f"{norm}.weight"] = (getattr(layer, norm), "weight", 0, h)
@@ -203,12 +205,15 @@ class LlamaWeights:
                 rests.append("self_attn.o_proj.bias")
             if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
                 rests += [f"self_attn.{p}_norm.weight" for p in "qk"]
+            if getattr(attn, "sinks", None) is not None:  # gpt-oss
+                rests.append("self_attn.sinks")
             rests += [f"{norm}.weight" for norm in _FEEDFORWARD_NORMS if hasattr(layer, norm)]
             if isinstance(mlp, SparseMoeBlock):
                 prefix, *projs = mlp.checkpoint_names
-                rests.append(f"{prefix}.gate.weight")
-                rests += [f"{prefix}.experts.{e}.{p}.weight"
-                          for e in range(mlp.num_experts) for p in projs]
+                leaves = ("weight", "bias") if mlp.router_bias is not None else ("weight",)
+                rests += [f"{prefix}.gate.{leaf}" for leaf in leaves]
+                rests += [f"{prefix}.experts.{e}.{p}.{leaf}"
+                          for e in range(mlp.num_experts) for p in projs for leaf in leaves]
             else:
                 if at + "mlp.gate_up_proj.weight" in loaded:  # Phi-3
                     rests.append("mlp.gate_up_proj.weight")
@@ -223,19 +228,21 @@ class LlamaWeights:
 
 def _expert_target(moe: SparseMoeBlock, rest: str) -> tuple[nn.Module, str, int, int] | None:
     """HF's ``{prefix}.gate.weight`` / ``{prefix}.experts.{e}.{proj}.weight``
-    (``moe.checkpoint_names``) -> rows of the block's stacked parameters."""
+    (``moe.checkpoint_names``), and their ``.bias`` where the block has
+    biases -> rows of the block's stacked parameters."""
     prefix, gate, up, down = moe.checkpoint_names
-    if rest == f"{prefix}.gate.weight":
-        return moe, "router_weight", 0, moe.num_experts
-    parts = rest.split(".")  # prefix experts e proj weight
-    if len(parts) != 5 or parts[1] != "experts" or not parts[2].isdigit() or parts[4] != "weight":
+    leaves = ("weight", "bias") if moe.router_bias is not None else ("weight",)
+    parts = rest.split(".")  # prefix gate leaf, or prefix experts e proj leaf
+    if len(parts) == 3 and parts[1] == "gate" and parts[2] in leaves:
+        return moe, f"router_{parts[2]}", 0, moe.num_experts
+    if len(parts) != 5 or parts[1] != "experts" or not parts[2].isdigit() or parts[4] not in leaves:
         return None
-    e, i, h = int(parts[2]), moe.inter, moe.hidden
+    e, i, h, leaf = int(parts[2]), moe.inter, moe.hidden, parts[4]
     if e >= moe.num_experts:
         return None
-    return {gate: (moe, "gate_up_weight", e * 2 * i, i),
-            up: (moe, "gate_up_weight", e * 2 * i + i, i),
-            down: (moe, "down_weight", e * h, h)}.get(parts[3])
+    return {gate: (moe, f"gate_up_{leaf}", e * 2 * i, i),
+            up: (moe, f"gate_up_{leaf}", e * 2 * i + i, i),
+            down: (moe, f"down_{leaf}", e * h, h)}.get(parts[3])
 
 
 def _copy_rows(name: str, param: torch.Tensor, start: int, rows: int,

@@ -26,7 +26,9 @@ class SparseMoeBlock(nn.Module):
     - ``router_weight`` ``[E, H]`` (HF ``mlp.gate.weight``);
     - ``gate_up_weight`` ``[E * 2I, H]``: expert e's gate rows, then its up rows,
       at ``[e * 2I, (e + 1) * 2I)``;
-    - ``down_weight`` ``[E * H, I]``: expert e's at ``[e * H, (e + 1) * H)``.
+    - ``down_weight`` ``[E * H, I]``: expert e's at ``[e * H, (e + 1) * H)``;
+    - with ``bias``: ``router_bias`` ``[E]``, ``gate_up_bias`` ``[E * 2I]`` and
+      ``down_bias`` ``[E * H]``, stacked as the matrices' rows (else None).
 
     Args:
         hidden: H. inter: I (per expert). num_experts: E. top_k: experts per token.
@@ -34,6 +36,7 @@ class SparseMoeBlock(nn.Module):
         checkpoint_names: the HF names under the layer: the block's prefix and
             each expert's gate, up and down matrices (Qwen3-MoE's by default;
             Mixtral's are ``block_sparse_moe`` and ``w1``, ``w3``, ``w2``).
+        bias: the router and the experts' projections have biases (gpt-oss).
     Raises:
         ValueError: ``top_k`` outside ``[1, num_experts]``.
     """
@@ -41,7 +44,8 @@ class SparseMoeBlock(nn.Module):
     def __init__(self, hidden: int, inter: int, num_experts: int, top_k: int,
                  norm_topk_prob: bool, dtype: torch.dtype, invariant: bool = False,
                  checkpoint_names: tuple[str, str, str, str] = (
-                     "mlp", "gate_proj", "up_proj", "down_proj")) -> None:
+                     "mlp", "gate_proj", "up_proj", "down_proj"),
+                 bias: bool = False) -> None:
         super().__init__()
         self.checkpoint_names = checkpoint_names
         if not 1 <= top_k <= num_experts:
@@ -55,17 +59,24 @@ class SparseMoeBlock(nn.Module):
         self.router_weight = empty(num_experts, hidden)
         self.gate_up_weight = empty(num_experts * 2 * inter, hidden)
         self.down_weight = empty(num_experts * hidden, inter)
+        self.router_bias = empty(num_experts) if bias else None
+        self.gate_up_bias = empty(num_experts * 2 * inter) if bias else None
+        self.down_bias = empty(num_experts * hidden) if bias else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x ``[T, H]`` -> (weights ``[T, k]`` in x's dtype, expert ids int64
         ``[T, k]``): softmax over the router logits in float32, the top k,
         renormalized if the config says so (HF Qwen3-MoE/Mixtral order)."""
-        logits = kernels.linear(x, self.router_weight, invariant=self.invariant)
-        probs = torch.softmax(logits.float(), dim=-1)
+        probs = torch.softmax(self.router_logits(x).float(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(x.dtype), experts
+
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x ``[T, H]`` -> ``[T, E]`` in x's dtype: ``x @ router_weight.T``
+        (``+ router_bias`` when the block has biases)."""
+        return kernels.linear(x, self.router_weight, self.router_bias, invariant=self.invariant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[T, H]`` -> ``[T, H]``: the routed experts' outputs, weighted and summed."""
@@ -90,10 +101,20 @@ class SparseMoeBlock(nn.Module):
             out.index_add_(0, tokens, y)
         return out
 
+    def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``[n, 2I]`` (gate columns, then up) -> ``[n, I]``: SwiGLU,
+        ``silu(gate) * up`` (gpt-oss overrides)."""
+        return kernels.silu_and_mul(gate_up)
+
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        """Expert ``e``'s SwiGLU MLP on rows x ``[n, H]`` -> ``[n, H]``."""
+        """Expert ``e``'s gated MLP on rows x ``[n, H]`` -> ``[n, H]``."""
         two_i, h = 2 * self.inter, self.hidden
         gate_up = kernels.linear(x, self.gate_up_weight[e * two_i:(e + 1) * two_i],
+                                 _rows(self.gate_up_bias, e * two_i, two_i),
                                  invariant=self.invariant)
-        return kernels.linear(kernels.silu_and_mul(gate_up),
-                              self.down_weight[e * h:(e + 1) * h], invariant=self.invariant)
+        return kernels.linear(self.activation(gate_up), self.down_weight[e * h:(e + 1) * h],
+                              _rows(self.down_bias, e * h, h), invariant=self.invariant)
+
+
+def _rows(bias: torch.Tensor | None, start: int, n: int) -> torch.Tensor | None:
+    return None if bias is None else bias[start:start + n]
