@@ -135,18 +135,23 @@ def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
         "cpu", 8, CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], 64,
         runner.max_model_len)
     assert runner.workspace is not None  # one sequence's long context splits
-    runner.graphs = EagerGraphs(runner.model, runner.kv_caches, torch.device("cpu"),
-                                max_num_seqs=8, max_model_len=runner.max_model_len,
-                                block_size=BLOCK, workspace=runner.workspace,
-                                kernel_hints=True)
-    assert runner.graphs.sizes == [1, 2, 4, 8]
+    # Decode graphs hold one block table: models with several KV cache groups
+    # (Gemma 3's sliding and full layers) run eagerly, as the runner decides.
+    graphs = runner.kv_layout.num_groups == 1
+    if graphs:
+        runner.graphs = EagerGraphs(runner.model, runner.kv_caches, torch.device("cpu"),
+                                    max_num_seqs=8, max_model_len=runner.max_model_len,
+                                    block_size=BLOCK, workspace=runner.workspace,
+                                    kernel_hints=True)
+        assert runner.graphs.sizes == [1, 2, 4, 8]
     for cache in runner.kv_caches:  # slots no sequence owns must stay untouched
         cache[0].fill_(float("nan"))
         cache[1].fill_(float("nan"))
 
     rng = np.random.default_rng(1)
     seqs = [rng.integers(0, CONFIG["vocab_size"], n).tolist() for n in (300, 7, 40)]
-    maker = BatchMaker(runner.num_kv_blocks, BLOCK, seed=3, num_groups=runner.kv_layout.num_groups)
+    maker = BatchMaker(runner.num_kv_blocks, BLOCK, seed=3,
+                       num_groups=runner.kv_layout.num_groups)
     logits = {i: [] for i in range(3)}
     # a prefill step (the CUDA execute path, eager: max_query_len 300) ...
     batch = maker.batch([Chunk(str(i), s, 0, len(s)) for i, s in enumerate(seqs)],
@@ -164,7 +169,8 @@ def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
         out = runner._execute_cuda(batch)
         for i in range(3):
             logits[i].append(out[i])
-    assert runner.graphs.replays == [4] * 5
+    if graphs:
+        assert runner.graphs.replays == [4] * 5
     assert emu.emu_stats()["launches"] > 0
 
     owned = {b for table in maker.tables.values() for b in table}

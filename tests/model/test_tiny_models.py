@@ -149,17 +149,17 @@ def test_unsupported_rope_type_raises(tmp_path, attn_ops, llama3_dir):
                     attn_ops=attn_ops)
 
 
-def test_mistral_sliding_window_caps_context_and_matches_hf(tmp_path, attn_ops):
-    """Full attention equals sliding-window attention up to the window; the runner
-    caps max_model_len at the window."""
+def test_mistral_sliding_window_matches_hf_past_the_window(tmp_path, attn_ops):
+    """Logits over a chunked prefill longer than the window (64); the context is
+    not capped at the window (tests/model/test_sliding_window.py: the engine)."""
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(3)
     cfg = MistralConfig(**SMALL, sliding_window=64)
     model = MistralForCausalLM(cfg).float().eval()
     model.save_pretrained(tmp_path)
-    runner = _compare(tmp_path, model, attn_ops, lengths=(64, 30, 1))
-    assert runner.max_model_len == 64
+    runner = _compare(tmp_path, model, attn_ops, lengths=(150, 30, 1))
+    assert runner.max_model_len == SMALL["max_position_embeddings"]
 
 
 @pytest.mark.parametrize("damage", ["drop", "reshape"])
