@@ -25,6 +25,22 @@ const KVCacheManager& manager_of(const pn_kv_cache_manager_t* m) {
 void require_request(const KVCacheManager& kv, int64_t req_id) {
   if (!kv.has_request(req_id)) not_found(req_id);
 }
+// Copies the request's table in `group` into out_ids[0 .. capacity) and its
+// length to *out_len (PN_ERR_BUFFER_TOO_SMALL when it does not fit).
+void copy_table(const KVCacheManager& kv, int64_t req_id, int64_t group, int32_t* out_ids,
+                int64_t capacity, int64_t* out_len) {
+  check_array(out_ids, capacity, "out_ids");
+  check_out(out_len, "out_len");
+  const std::vector<int32_t>* table = kv.find_block_table(req_id, group);
+  if (table == nullptr) not_found(req_id);
+  const auto len = static_cast<int64_t>(table->size());
+  *out_len = len;
+  if (len > capacity) {
+    raise(PN_ERR_BUFFER_TOO_SMALL, "the table has " + std::to_string(len) +
+                                       " blocks, capacity is " + std::to_string(capacity));
+  }
+  std::copy(table->begin(), table->end(), out_ids);
+}
 }  // namespace
 
 extern "C" {
@@ -106,18 +122,7 @@ pn_status_t pn_kv_cache_manager_group_block_table(const pn_kv_cache_manager_t* m
                                                   int32_t* out_ids, int64_t capacity,
                                                   int64_t* out_len) noexcept {
   return guarded(__func__, [&] {
-    const auto& kv = manager_of(manager);
-    check_array(out_ids, capacity, "out_ids");
-    check_out(out_len, "out_len");
-    const std::vector<int32_t>* table = kv.find_block_table(req_id, group);
-    if (table == nullptr) not_found(req_id);
-    const auto len = static_cast<int64_t>(table->size());
-    *out_len = len;
-    if (len > capacity) {
-      raise(PN_ERR_BUFFER_TOO_SMALL, "the table has " + std::to_string(len) +
-                                         " blocks, capacity is " + std::to_string(capacity));
-    }
-    std::copy(table->begin(), table->end(), out_ids);
+    copy_table(manager_of(manager), req_id, group, out_ids, capacity, out_len);
   });
 }
 
@@ -181,18 +186,7 @@ pn_status_t pn_kv_cache_manager_block_table(const pn_kv_cache_manager_t* manager
                                             int64_t req_id, int32_t* out_ids,
                                             int64_t capacity, int64_t* out_len) noexcept {
   return guarded(__func__, [&] {
-    const auto& kv = manager_of(manager);
-    check_array(out_ids, capacity, "out_ids");
-    check_out(out_len, "out_len");
-    const std::vector<int32_t>* table = kv.find_block_table(req_id);
-    if (table == nullptr) not_found(req_id);
-    const auto len = static_cast<int64_t>(table->size());
-    *out_len = len;
-    if (len > capacity) {
-      raise(PN_ERR_BUFFER_TOO_SMALL, "the table has " + std::to_string(len) +
-                                         " blocks, capacity is " + std::to_string(capacity));
-    }
-    std::copy(table->begin(), table->end(), out_ids);
+    copy_table(manager_of(manager), req_id, 0, out_ids, capacity, out_len);
   });
 }
 
