@@ -32,7 +32,8 @@ def case_reference(c: dict) -> torch.Tensor:
     """The shared float64 reference of a gpu_check case dict: ``[T, Hq, D]``."""
     return paged_attention_reference(c["query"], c["key_cache"], c["value_cache"],
                                      c["block_tables"], c["seq_lens"], c["query_start_loc"],
-                                     c["scale"])
+                                     c["scale"], sliding_window=c.get("sliding_window", 0),
+                                     sinks=c.get("sinks"))
 
 
 def check_attention_case(*args, **kwargs) -> dict:

@@ -54,7 +54,7 @@ def test_paged_attention_matches_reference(backend, case):
     res = check_attention_case(case, "cpu", seed=torch.seed() % 2**31, ops_module=backend)
     assert_ok(res)
     stats = backend.module.emu_stats()
-    assert stats["launches"] >= 2 and stats["threads"] > 0  # the emulated kernels ran
+    assert stats["launches"] >= 1 and stats["threads"] > 0  # the emulated kernels ran
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.dtype == torch.bfloat16][:3],

@@ -119,6 +119,7 @@ def test_tensor_names():
 
 def test_bad_files_get_clear_errors(tmp_path):
     from paternoster.model.gguf import is_gguf
+    from paternoster.model.loader import load_tokenizer
 
     hf = _hf_llama(5, True)
     good = tmp_path / "good.gguf"
@@ -133,6 +134,14 @@ def test_bad_files_get_clear_errors(tmp_path):
         load_gguf_config(text)
     with pytest.raises(ValueError, match="no such GGUF file"):
         load_gguf_config(tmp_path / "missing.gguf")
+    # Cut inside the tensor data (header and metadata whole): the same error
+    # from the tokenizer, which transformers reads from the file first.
+    tail = tmp_path / "tail.gguf"
+    tail.write_bytes(good.read_bytes()[:-100])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_gguf_config(tail)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_tokenizer(tail)
     (tmp_path / "dir.gguf").mkdir()
     assert not is_gguf(tmp_path / "dir.gguf") and is_gguf(good)
 

@@ -96,7 +96,11 @@ def load_gguf_config(path: str | Path):
     from transformers import AutoConfig
 
     p = Path(path)
-    config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+    try:
+        config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+    except Exception as e:  # noqa: BLE001 - transformers' own GGUF reading, same file
+        raise ValueError(f"{path}: transformers cannot read its config from the GGUF "
+                         f"metadata, corrupt? ({type(e).__name__}: {e})") from e
     config.architectures = [GGUF_ARCHITECTURES[arch]]
     # transformers maps no head size for qwen3 (its config then defaults to
     # 128): llama.cpp writes it as the key length.

@@ -15,7 +15,7 @@ import torch
 
 from paternoster.model.attention import AttentionOps
 from paternoster.model.gemma3 import Gemma3ForCausalLM
-from paternoster.model.gguf import gguf_weights, is_gguf, load_gguf_config
+from paternoster.model.gguf import gguf_architecture, gguf_weights, is_gguf, load_gguf_config
 from paternoster.model.gpt_oss import GptOssForCausalLM
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from paternoster.model.mixtral import MixtralForCausalLM
@@ -85,14 +85,16 @@ def load_tokenizer(model: str | Path):
     ``.gguf`` file (built from the file's metadata by transformers).
 
     Raises:
-        ValueError: no such path, or a directory without tokenizer files
+        ValueError: no such path, a directory without tokenizer files
             (:data:`TOKENIZER_FILES`; transformers would otherwise build an
-            empty tokenizer from config.json alone).
+            empty tokenizer from config.json alone), or a GGUF file that is
+            truncated or corrupt.
     """
     from transformers import AutoTokenizer
 
     p = _local_model(model)
     if is_gguf(p):
+        gguf_architecture(p)  # a cut or corrupt file: our clear ValueError first
         return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
         raise ValueError(f"{p}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")

@@ -165,8 +165,14 @@ class ModelRunner:
         return int(n)
 
     def _max_model_len(self, model_config: ModelConfig) -> int:
-        return self.kv_layout.max_tokens(self.num_kv_blocks, self.block_size, self._max_chunk,
-                                         self._context_cap(model_config))
+        cap = self._context_cap(model_config)
+        fits = self.kv_layout.max_tokens(self.num_kv_blocks, self.block_size, self._max_chunk, cap)
+        if fits < cap:
+            logger.info("max_model_len %d -> %d: what one request can hold in %d KV blocks of %d "
+                        "tokens (%s)", cap, fits, self.num_kv_blocks, self.block_size,
+                        "KV cache groups " + str(list(self.kv_layout.group_windows))
+                        if self.kv_layout.num_groups > 1 else "every layer full")
+        return fits
 
     def _context_cap(self, model_config: ModelConfig) -> int:
         """The context limit before the KV cache size is known."""
