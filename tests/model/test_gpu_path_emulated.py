@@ -61,16 +61,16 @@ def hf_and_dir(request, tmp_path_factory):
     """A tiny Llama, a tiny Qwen3 (per-head q/k norms, weights away from 1), a
     tiny SmolLM3 (its second layer without RoPE), a tiny Qwen3-MoE (4
     experts, 2 per token, a random router) and a tiny Gemma 3 (a sliding and a
-    full layer, norm weights away from 0; the window, 512, caps the context
-    above the longest sequence here) and a tiny gpt-oss (YaRN, random sinks,
-    router and expert biases; full-attention layers: the decode graphs take
-    one KV cache group)."""
+    full layer, norm weights away from 0) and a tiny gpt-oss (YaRN, random
+    sinks, router and expert biases); both windowed at 64, below the longest
+    sequence here, so prefill and the decode graphs attend within a window
+    through two KV cache groups."""
     torch.manual_seed(0)
     if request.param == "gemma3":
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
         hf = Gemma3ForCausalLM(Gemma3TextConfig(
-            **CONFIG, sliding_window=512, layer_types=["sliding_attention", "full_attention"],
+            **CONFIG, sliding_window=64, layer_types=["sliding_attention", "full_attention"],
             query_pre_attn_scalar=48, rope_local_base_freq=100.0, pad_token_id=0))
         with torch.no_grad():
             for name, param in hf.named_parameters():
@@ -85,7 +85,8 @@ def hf_and_dir(request, tmp_path_factory):
         hf = GptOssForCausalLM(GptOssConfig(
             **{k: v for k, v in CONFIG.items() if k != "rope_theta"}, rope_parameters=rope,
             num_local_experts=4, num_experts_per_tok=2,
-            layer_types=["full_attention"] * 2, pad_token_id=0))
+            sliding_window=64, layer_types=["sliding_attention", "full_attention"],
+            pad_token_id=0))
         with torch.no_grad():
             for name, param in hf.named_parameters():
                 if name.endswith(("sinks", "router.weight")):
@@ -135,15 +136,13 @@ def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
         "cpu", 8, CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], 64,
         runner.max_model_len)
     assert runner.workspace is not None  # one sequence's long context splits
-    # Decode graphs hold one block table: models with several KV cache groups
-    # (Gemma 3's sliding and full layers) run eagerly, as the runner decides.
-    graphs = runner.kv_layout.num_groups == 1
-    if graphs:
-        runner.graphs = EagerGraphs(runner.model, runner.kv_caches, torch.device("cpu"),
-                                    max_num_seqs=8, max_model_len=runner.max_model_len,
-                                    block_size=BLOCK, workspace=runner.workspace,
-                                    kernel_hints=True)
-        assert runner.graphs.sizes == [1, 2, 4, 8]
+    # Models with several KV cache groups (Gemma 3's sliding and full layers)
+    # get a static slot mapping and block table per group.
+    runner.graphs = EagerGraphs(runner.model, runner.kv_caches, torch.device("cpu"),
+                                max_num_seqs=8, max_model_len=runner.max_model_len,
+                                block_size=BLOCK, workspace=runner.workspace,
+                                kernel_hints=True, num_groups=runner.kv_layout.num_groups)
+    assert runner.graphs.sizes == [1, 2, 4, 8]
     for cache in runner.kv_caches:  # slots no sequence owns must stay untouched
         cache[0].fill_(float("nan"))
         cache[1].fill_(float("nan"))
@@ -169,8 +168,7 @@ def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
         out = runner._execute_cuda(batch)
         for i in range(3):
             logits[i].append(out[i])
-    if graphs:
-        assert runner.graphs.replays == [4] * 5
+    assert runner.graphs.replays == [4] * 5
     assert emu.emu_stats()["launches"] > 0
 
     owned = {b for table in maker.tables.values() for b in table}

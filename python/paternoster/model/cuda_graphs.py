@@ -10,8 +10,10 @@ smallest captured size >= B runs with rows B.. padded: slot -1 (nothing
 written to the cache) and ``seq_lens`` 0 (the decode kernel writes zeros).
 Captured with ``max_seq_len = max_model_len`` so one graph serves every
 context length; the CUDA decode kernel picks its split per sequence on the
-device. Everything the graphs touch (inputs, KV caches, the split-K
-workspace) is allocated before capture and never reallocated.
+device. Models with several KV cache groups (:mod:`paternoster.model.kv_layout`)
+get a static slot mapping and block table per group. Everything the graphs
+touch (inputs, KV caches, the split-K workspace) is allocated before capture
+and never reallocated.
 """
 
 from __future__ import annotations
@@ -50,13 +52,16 @@ class DecodeGraphs:
         workspace: the decode kernel's split-K workspace (reused by every graph).
         kernel_hints: pass ``max_query_len``/``max_seq_len``/``workspace`` to
             the attention ops (they are :mod:`paternoster.kernels`).
+        num_groups: the model's KV cache groups (batches then carry
+            ``group_slot_mapping`` / ``group_block_tables``).
     Raises:
         RuntimeError: capture failed (e.g. an op that synchronises).
     """
 
     def __init__(self, model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                  device: torch.device, *, max_num_seqs: int, max_model_len: int,
-                 block_size: int, workspace: torch.Tensor | None, kernel_hints: bool) -> None:
+                 block_size: int, workspace: torch.Tensor | None, kernel_hints: bool,
+                 num_groups: int = 1) -> None:
         self.sizes = capture_sizes(max_num_seqs)
         self.max_blocks = -(-max_model_len // block_size)
         self.max_model_len = max_model_len
@@ -68,6 +73,10 @@ class DecodeGraphs:
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros((n, self.max_blocks), dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        extra = num_groups - 1
+        self.group_slot_mapping = torch.full((extra, n), -1, dtype=torch.int64, device=device)
+        self.group_block_tables = torch.zeros((extra, n, self.max_blocks), dtype=torch.int32,
+                                              device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._capture_all(model, kv_caches, workspace, kernel_hints)
 
@@ -75,7 +84,9 @@ class DecodeGraphs:
                   kernel_hints: bool) -> AttentionMetadata:
         fields = dict(slot_mapping=self.slot_mapping[:size],
                       block_tables=self.block_tables[:size], seq_lens=self.seq_lens[:size],
-                      query_start_loc=self.query_start_loc[: size + 1])
+                      query_start_loc=self.query_start_loc[: size + 1],
+                      group_slot_mappings=tuple(g[:size] for g in self.group_slot_mapping),
+                      group_block_tables=tuple(g[:size] for g in self.group_block_tables))
         if kernel_hints:
             fields.update(max_query_len=1, max_seq_len=self.max_model_len, workspace=workspace)
         return AttentionMetadata(**fields)
@@ -124,6 +135,12 @@ class DecodeGraphs:
         tables = np.ascontiguousarray(batch["block_tables"], dtype=np.int32)
         self.block_tables[:n, : tables.shape[1]].copy_(torch.from_numpy(tables),
                                                        non_blocking=True)
+        if len(self.group_slot_mapping):
+            for g, slots in enumerate(batch["group_slot_mapping"]):
+                self._fill(self.group_slot_mapping[g], slots, size, -1, np.int64)
+            tables = np.ascontiguousarray(batch["group_block_tables"], dtype=np.int32)
+            self.group_block_tables[:, :n, : tables.shape[2]].copy_(torch.from_numpy(tables),
+                                                                    non_blocking=True)
         graph, hidden = self._graphs[size]
         graph.replay()
         return hidden[:n]

@@ -301,10 +301,7 @@ class ModelRunner:
                                                        self._max_chunk, cap)
         self.model.set_kv_cache_layout(self.kv_layout)
         self.kv_caches = self._allocate_caches()
-        if model_config.cuda_graphs and self.kv_layout.num_groups > 1:
-            logger.info("CUDA graphs off: the decode graphs hold one block table, this model "
-                        "has %d KV cache groups", self.kv_layout.num_groups)
-        elif model_config.cuda_graphs:
+        if model_config.cuda_graphs:
             from paternoster.model.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self.model, self.kv_caches, self.device,
@@ -312,7 +309,8 @@ class ModelRunner:
                                        max_model_len=self.max_model_len,
                                        block_size=self.block_size,
                                        workspace=self.workspace if self._kernel_hints else None,
-                                       kernel_hints=self._kernel_hints)
+                                       kernel_hints=self._kernel_hints,
+                                       num_groups=self.kv_layout.num_groups)
 
     @torch.inference_mode()
     def _profile_num_blocks(self, utilization: float, num_tokens: int, max_num_seqs: int) -> int:
