@@ -25,6 +25,20 @@ const KVCacheManager& manager_of(const pn_kv_cache_manager_t* m) {
 void require_request(const KVCacheManager& kv, int64_t req_id) {
   if (!kv.has_request(req_id)) not_found(req_id);
 }
+pn_kv_cache_manager* new_manager(int64_t num_blocks, int64_t block_size, int enable_caching,
+                                 std::vector<paternoster::KVCacheGroupSpec> groups) {
+  return new pn_kv_cache_manager{std::make_shared<KVCacheManager>(
+      num_blocks, block_size, enable_caching != 0, std::move(groups))};
+}
+// allocate_slots, all or nothing: PN_ERR_OUT_OF_BLOCKS saying how many are short.
+void allocate(KVCacheManager& kv, int64_t req_id, int64_t num_tokens, int64_t num_computed) {
+  if (!kv.allocate_slots(req_id, num_tokens, num_computed)) {
+    raise(PN_ERR_OUT_OF_BLOCKS,
+          "request " + std::to_string(req_id) + " needs " +
+              std::to_string(kv.num_required_blocks(req_id, num_tokens, num_computed)) +
+              " more blocks, " + std::to_string(kv.num_free_blocks()) + " free");
+  }
+}
 // Copies the request's table in `group` into out_ids[0 .. capacity) and its
 // length to *out_len (PN_ERR_BUFFER_TOO_SMALL when it does not fit).
 void copy_table(const KVCacheManager& kv, int64_t req_id, int64_t group, int32_t* out_ids,
@@ -50,8 +64,7 @@ pn_status_t pn_kv_cache_manager_create(int64_t num_blocks, int64_t block_size,
                                        pn_kv_cache_manager_t** out) noexcept {
   return guarded(__func__, [&] {
     check_out(out, "out");
-    auto kv = std::make_shared<KVCacheManager>(num_blocks, block_size, enable_caching != 0);
-    *out = new pn_kv_cache_manager{std::move(kv)};
+    *out = new_manager(num_blocks, block_size, enable_caching, {paternoster::KVCacheGroupSpec{}});
   });
 }
 
@@ -66,9 +79,7 @@ pn_status_t pn_kv_cache_manager_create_grouped(int64_t num_blocks, int64_t block
     check_array(sliding_windows, num_groups, "sliding_windows");
     std::vector<paternoster::KVCacheGroupSpec> groups(static_cast<size_t>(num_groups));
     for (int64_t g = 0; g < num_groups; ++g) groups[g].sliding_window = sliding_windows[g];
-    auto kv = std::make_shared<KVCacheManager>(num_blocks, block_size, enable_caching != 0,
-                                               std::move(groups));
-    *out = new pn_kv_cache_manager{std::move(kv)};
+    *out = new_manager(num_blocks, block_size, enable_caching, std::move(groups));
   });
 }
 
@@ -107,13 +118,7 @@ pn_status_t pn_kv_cache_manager_allocate_slots_after(pn_kv_cache_manager_t* mana
                                                      int64_t req_id, int64_t num_tokens,
                                                      int64_t num_computed_tokens) noexcept {
   return guarded(__func__, [&] {
-    auto& kv = manager_of(manager);
-    if (!kv.allocate_slots(req_id, num_tokens, num_computed_tokens)) {
-      raise(PN_ERR_OUT_OF_BLOCKS,
-            "request " + std::to_string(req_id) + " needs " +
-                std::to_string(kv.num_required_blocks(req_id, num_tokens, num_computed_tokens)) +
-                " more blocks, " + std::to_string(kv.num_free_blocks()) + " free");
-    }
+    allocate(manager_of(manager), req_id, num_tokens, num_computed_tokens);
   });
 }
 
@@ -154,15 +159,7 @@ pn_status_t pn_kv_cache_manager_can_allocate(const pn_kv_cache_manager_t* manage
 
 pn_status_t pn_kv_cache_manager_allocate_slots(pn_kv_cache_manager_t* manager, int64_t req_id,
                                                int64_t num_tokens) noexcept {
-  return guarded(__func__, [&] {
-    auto& kv = manager_of(manager);
-    if (!kv.allocate_slots(req_id, num_tokens)) {
-      raise(PN_ERR_OUT_OF_BLOCKS,
-            "request " + std::to_string(req_id) + " needs " +
-                std::to_string(kv.num_required_blocks(req_id, num_tokens)) + " more blocks, " +
-                std::to_string(kv.num_free_blocks()) + " free");
-    }
-  });
+  return guarded(__func__, [&] { allocate(manager_of(manager), req_id, num_tokens, 0); });
 }
 
 pn_status_t pn_kv_cache_manager_free(pn_kv_cache_manager_t* manager, int64_t req_id) noexcept {

@@ -27,6 +27,14 @@ bool fits_int32(const int64_t* tokens, int64_t n) {
 }  // namespace
 
 namespace {
+// Blocks a table holds: released entries (kNoBlock) are always a prefix, as
+// a window only moves forward, so a binary search finds where they end.
+int64_t live_blocks(const std::vector<int32_t>& table) {
+  const auto live = std::partition_point(table.begin(), table.end(),
+                                         [](int32_t id) { return id == kNoBlock; });
+  return static_cast<int64_t>(table.end() - live);
+}
+
 std::vector<KVCacheGroupSpec> checked_groups(std::vector<KVCacheGroupSpec> groups) {
   if (groups.empty()) throw std::invalid_argument("a KVCacheManager needs at least one group");
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -95,11 +103,7 @@ int64_t KVCacheManager::num_required_blocks(int64_t req_id, int64_t num_tokens,
     const int64_t first = first_needed_block(g, num_computed_tokens);
     // Held after: entries [first, max(size, needed)); held now: live entries.
     const int64_t after = std::max<int64_t>(0, std::max(size, needed) - first);
-    int64_t now = 0;
-    if (table) {
-      for (int32_t id : *table) now += id != kNoBlock;
-    }
-    growth += after - now;
+    growth += after - (table ? live_blocks(*table) : 0);
   }
   return std::max<int64_t>(0, growth);
 }
@@ -156,9 +160,7 @@ int64_t KVCacheManager::num_request_blocks(int64_t req_id) const {
   const auto it = tables_.find(req_id);
   if (it == tables_.end()) return 0;
   int64_t n = 0;
-  for (const std::vector<int32_t>& table : it->second) {
-    for (int32_t id : table) n += id != kNoBlock;
-  }
+  for (const std::vector<int32_t>& table : it->second) n += live_blocks(table);
   return n;
 }
 

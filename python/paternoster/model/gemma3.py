@@ -13,11 +13,12 @@ Layers alternate between sliding-window attention with local RoPE
 (``rope_theta`` with ``rope_scaling``), as ``layer_types`` (or
 ``sliding_window_pattern``) says.
 
-Matches HF transformers' ``Gemma3ForCausalLM`` (tests/model/test_gemma3.py).
-The sliding layers pass their window to the attention kernels once those take
-it (:meth:`Gemma3Attention.attend`); until then the runner caps the context
-at the window (:func:`~paternoster.model.loader.sliding_window`), where full
-attention equals sliding-window attention. Attention-logit soft-capping
+Matches HF transformers' ``Gemma3ForCausalLM`` (tests/model/test_gemma3.py;
+past the window: tests/model/test_sliding_window.py). Each layer's window
+comes from the config as for every architecture
+(:func:`~paternoster.model.kv_layout.layer_windows`); the sliding layers form
+their own KV cache groups, which release the blocks that fall out of the
+window. Attention-logit soft-capping
 (``attn_logit_softcapping``, Gemma 2) and bidirectional attention
 (EmbeddingGemma) are refused: our kernels have neither. Every step runs the
 Python layers (the core's decoder stack is Llama-shaped).
@@ -66,21 +67,19 @@ class GemmaRMSNorm(nn.Module):
 
 class Gemma3Attention(LlamaAttention):
     """:class:`~paternoster.model.llama.LlamaAttention` with Gemma's per-head
-    q/k norms, the ``query_pre_attn_scalar`` softmax scale and a window.
+    q/k norms and the ``query_pre_attn_scalar`` softmax scale (its window is
+    set by the model, as for every architecture).
 
     Attributes:
         q_norm, k_norm: :class:`GemmaRMSNorm` over ``head_dim``.
-        sliding_window: W for a sliding layer (each query sees its last W
-            positions, itself included, as HF's mask), 0 for full attention.
     """
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps, qkv_bias: bool,
-                 o_bias: bool, invariant: bool = False, sliding_window: int = 0) -> None:
+                 o_bias: bool, invariant: bool = False) -> None:
         super().__init__(config, dtype, ops, qkv_bias, o_bias, invariant)
         self.scale = float(config.query_pre_attn_scalar) ** -0.5
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps, dtype)
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps, dtype)
-        self.sliding_window = sliding_window
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q ``[T, Hq, D]``, k ``[T, Hkv, D]`` (views into the qkv projection)
@@ -120,16 +119,14 @@ class Gemma3DecoderLayer(nn.Module):
 
     Args:
         qkv_bias, o_bias: the attention projections have biases.
-        sliding_window: W for a sliding-attention layer, 0 for full attention.
     """
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps, qkv_bias: bool,
-                 o_bias: bool, sliding_window: int, invariant: bool = False) -> None:
+                 o_bias: bool, invariant: bool = False) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(h, eps, dtype)
-        self.self_attn = Gemma3Attention(config, dtype, ops, qkv_bias, o_bias, invariant,
-                                         sliding_window)
+        self.self_attn = Gemma3Attention(config, dtype, ops, qkv_bias, o_bias, invariant)
         self.post_attention_layernorm = GemmaRMSNorm(h, eps, dtype)
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, dtype)
         self.mlp = Gemma3MLP(config, dtype, invariant)
@@ -220,9 +217,8 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
     def make_layer(self, config, dtype: torch.dtype, ops: AttentionOps, index: int,
                    qkv_bias: bool, o_bias: bool, invariant: bool) -> nn.Module:
-        """Gemma's four-norm block, windowed if layer ``index`` is a sliding one."""
-        window = int(config.sliding_window) if layer_types(config)[index] == SLIDING else 0
-        return Gemma3DecoderLayer(config, dtype, ops, qkv_bias, o_bias, window, invariant)
+        """Gemma's four-norm block."""
+        return Gemma3DecoderLayer(config, dtype, ops, qkv_bias, o_bias, invariant)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata, kv_caches: list[KVCache]) -> torch.Tensor:
