@@ -211,16 +211,36 @@ PYBIND11_MODULE(_core, m) {
                              "group (full or sliding-window attention), with optional "
                              "automatic prefix caching.")
       .def(py::init([](int64_t num_blocks, int64_t block_size, bool enable_caching,
-                       const std::optional<std::vector<int64_t>>& sliding_windows) {
+                       const std::optional<std::vector<int64_t>>& sliding_windows,
+                       const std::optional<std::vector<bool>>& recurrent,
+                       int64_t num_state_slots) {
              std::vector<KVCacheGroupSpec> groups;
              for (int64_t w : sliding_windows.value_or(std::vector<int64_t>{0})) {
                groups.push_back(KVCacheGroupSpec{w});
              }
+             if (recurrent) {
+               if (recurrent->size() != groups.size()) {
+                 throw std::invalid_argument(
+                     "recurrent has " + std::to_string(recurrent->size()) +
+                     " entries, sliding_windows " + std::to_string(groups.size()));
+               }
+               for (size_t g = 0; g < groups.size(); ++g) groups[g].recurrent = (*recurrent)[g];
+             }
              return std::make_unique<KVCacheManager>(num_blocks, block_size, enable_caching,
-                                                     std::move(groups));
+                                                     std::move(groups), num_state_slots);
            }),
            py::arg("num_blocks"), py::arg("block_size"), py::arg("enable_caching") = false,
-           py::arg("sliding_windows") = py::none())
+           py::arg("sliding_windows") = py::none(), py::arg("recurrent") = py::none(),
+           py::arg("num_state_slots") = 0)
+      .def(
+          "recurrent",
+          [](const KVCacheManager& kv, int64_t group) { return kv.group(group).recurrent; },
+          py::arg("group"))
+      .def("num_required_state_slots", &KVCacheManager::num_required_state_slots,
+           py::arg("req_id"))
+      .def("num_state_slots", &KVCacheManager::num_state_slots)
+      .def("num_free_state_slots", &KVCacheManager::num_free_state_slots)
+      .def("state_usage", &KVCacheManager::state_usage)
       .def("num_groups", &KVCacheManager::num_groups)
       .def(
           "sliding_window",

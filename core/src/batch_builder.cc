@@ -88,6 +88,13 @@ void BatchBuilder::build_into(const int64_t* req_ids, const int32_t* num_compute
     for (int64_t g = 0; g < G; ++g) {
       const auto* table = kv_.find_block_table(id, g);
       const std::string where = G > 1 ? " in KV cache group " + std::to_string(g) : "";
+      if (kv_.group(g).recurrent) {  // one state slot, however long the request
+        if (table->size() != 1) {
+          fail("request " + std::to_string(id) + " has no state slot" + where);
+        }
+        tables_[static_cast<size_t>(b * G + g)] = table;
+        continue;
+      }
       if (blocks > static_cast<int64_t>(table->size())) {
         fail("request " + std::to_string(id) + " lacks KV slots" + where + ": needs " +
              std::to_string(blocks) + " blocks, has " + std::to_string(table->size()));
@@ -120,11 +127,17 @@ void BatchBuilder::build_into(const int64_t* req_ids, const int32_t* num_compute
       int64_t* slots = g == 0 ? out.slot_mapping : out.group_slot_mapping + (g - 1) * T;
       int32_t* rows = g == 0 ? out.block_tables : out.group_block_tables + (g - 1) * n * m;
       const int32_t* tab = table(b, g).data();
+      int32_t* row = rows + b * m;
+      if (kv_.group(g).recurrent) {  // the state slot in every token's entry and column 0
+        std::fill(slots + t, slots + t + q_len, int64_t{tab[0]});
+        row[0] = tab[0];
+        std::fill(row + 1, row + m, 0);
+        continue;
+      }
       for (int64_t i = 0; i < q_len; ++i) {
         const int64_t pos = start + i;
         slots[t + i] = int64_t{tab[pos / bs]} * bs + pos % bs;
       }
-      int32_t* row = rows + b * m;
       std::memcpy(row, tab, sizeof(int32_t) * blocks);
       std::fill(row + blocks, row + m, 0);
     }

@@ -26,13 +26,18 @@ void require_request(const KVCacheManager& kv, int64_t req_id) {
   if (!kv.has_request(req_id)) not_found(req_id);
 }
 pn_kv_cache_manager* new_manager(int64_t num_blocks, int64_t block_size, int enable_caching,
-                                 std::vector<paternoster::KVCacheGroupSpec> groups) {
+                                 std::vector<paternoster::KVCacheGroupSpec> groups,
+                                 int64_t num_state_slots = 0) {
   return new pn_kv_cache_manager{std::make_shared<KVCacheManager>(
-      num_blocks, block_size, enable_caching != 0, std::move(groups))};
+      num_blocks, block_size, enable_caching != 0, std::move(groups), num_state_slots)};
 }
 // allocate_slots, all or nothing: PN_ERR_OUT_OF_BLOCKS saying how many are short.
 void allocate(KVCacheManager& kv, int64_t req_id, int64_t num_tokens, int64_t num_computed) {
   if (!kv.allocate_slots(req_id, num_tokens, num_computed)) {
+    if (kv.num_required_state_slots(req_id) > kv.num_free_state_slots()) {
+      raise(PN_ERR_OUT_OF_BLOCKS, "request " + std::to_string(req_id) +
+                                      " needs a recurrent state slot, none is free");
+    }
     raise(PN_ERR_OUT_OF_BLOCKS,
           "request " + std::to_string(req_id) + " needs " +
               std::to_string(kv.num_required_blocks(req_id, num_tokens, num_computed)) +
@@ -80,6 +85,36 @@ pn_status_t pn_kv_cache_manager_create_grouped(int64_t num_blocks, int64_t block
     std::vector<paternoster::KVCacheGroupSpec> groups(static_cast<size_t>(num_groups));
     for (int64_t g = 0; g < num_groups; ++g) groups[g].sliding_window = sliding_windows[g];
     *out = new_manager(num_blocks, block_size, enable_caching, std::move(groups));
+  });
+}
+
+pn_status_t pn_kv_cache_manager_create_hybrid(int64_t num_blocks, int64_t block_size,
+                                              int enable_caching,
+                                              const int64_t* sliding_windows,
+                                              const int* recurrent, int64_t num_groups,
+                                              int64_t num_state_slots,
+                                              pn_kv_cache_manager_t** out) noexcept {
+  return guarded(__func__, [&] {
+    check_out(out, "out");
+    if (num_groups < 1) raise(PN_ERR_INVALID_ARGUMENT, "num_groups must be >= 1");
+    check_array(sliding_windows, num_groups, "sliding_windows");
+    check_array(recurrent, num_groups, "recurrent");
+    std::vector<paternoster::KVCacheGroupSpec> groups(static_cast<size_t>(num_groups));
+    for (int64_t g = 0; g < num_groups; ++g) {
+      groups[g].sliding_window = sliding_windows[g];
+      groups[g].recurrent = recurrent[g] != 0;
+    }
+    *out = new_manager(num_blocks, block_size, enable_caching, std::move(groups),
+                       num_state_slots);
+  });
+}
+
+pn_status_t pn_kv_cache_manager_num_free_state_slots(const pn_kv_cache_manager_t* manager,
+                                                     int64_t* out) noexcept {
+  return guarded(__func__, [&] {
+    const auto& kv = manager_of(manager);
+    check_out(out, "out");
+    *out = kv.num_free_state_slots();
   });
 }
 

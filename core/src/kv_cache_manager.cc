@@ -42,16 +42,43 @@ std::vector<KVCacheGroupSpec> checked_groups(std::vector<KVCacheGroupSpec> group
       throw std::invalid_argument("group " + std::to_string(g) + ": sliding_window must be >= 0, got " +
                                   std::to_string(groups[g].sliding_window));
     }
+    if (groups[g].recurrent && groups[g].sliding_window != 0) {
+      throw std::invalid_argument("group " + std::to_string(g) +
+                                  ": a recurrent-state group has no sliding_window");
+    }
   }
   return groups;
+}
+
+int64_t count_recurrent(const std::vector<KVCacheGroupSpec>& groups) {
+  return std::count_if(groups.begin(), groups.end(),
+                       [](const KVCacheGroupSpec& g) { return g.recurrent; });
 }
 }  // namespace
 
 KVCacheManager::KVCacheManager(int64_t num_blocks, int64_t block_size, bool enable_caching,
-                               std::vector<KVCacheGroupSpec> groups)
+                               std::vector<KVCacheGroupSpec> groups, int64_t num_state_slots)
     : pool_(num_blocks, enable_caching),
       block_size_(checked_block_size(block_size)),
-      groups_(checked_groups(std::move(groups))) {
+      groups_(checked_groups(std::move(groups))),
+      num_state_slots_(num_state_slots),
+      num_recurrent_groups_(count_recurrent(groups_)) {
+  if (num_state_slots < 0 || num_state_slots > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument("num_state_slots must be in [0, 2^31 - 1], got " +
+                                std::to_string(num_state_slots));
+  }
+  if (num_recurrent_groups_ > 0 && num_state_slots < 1) {
+    throw std::invalid_argument("recurrent-state groups need num_state_slots >= 1");
+  }
+  if (num_recurrent_groups_ > 0 && enable_caching) {
+    throw std::invalid_argument(
+        "prefix caching is not supported with recurrent-state groups (their states are not "
+        "saved at block boundaries): create the manager with enable_caching = false");
+  }
+  free_state_slots_.reserve(static_cast<size_t>(num_state_slots));
+  for (int64_t s = num_state_slots - 1; s >= 0; --s) {
+    free_state_slots_.push_back(static_cast<int32_t>(s));
+  }
   if (enable_caching) {
     const auto n = static_cast<size_t>(num_blocks);
     parent_.resize(n);
@@ -97,6 +124,7 @@ int64_t KVCacheManager::num_required_blocks(int64_t req_id, int64_t num_tokens,
   const auto it = tables_.find(req_id);
   int64_t growth = 0;
   for (int64_t g = 0; g < num_groups(); ++g) {
+    if (groups_[static_cast<size_t>(g)].recurrent) continue;  // a state slot, no blocks
     const std::vector<int32_t>* table =
         it == tables_.end() ? nullptr : &it->second[static_cast<size_t>(g)];
     const int64_t size = table ? static_cast<int64_t>(table->size()) : 0;
@@ -108,22 +136,39 @@ int64_t KVCacheManager::num_required_blocks(int64_t req_id, int64_t num_tokens,
   return std::max<int64_t>(0, growth);
 }
 
+int64_t KVCacheManager::num_required_state_slots(int64_t req_id) const {
+  if (num_recurrent_groups_ == 0) return 0;
+  const auto it = tables_.find(req_id);
+  if (it == tables_.end()) return num_recurrent_groups_;
+  int64_t n = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].recurrent && it->second[g].empty()) ++n;
+  }
+  return n;
+}
+
 bool KVCacheManager::can_allocate(int64_t req_id, int64_t num_tokens,
                                   int64_t num_computed_tokens) const {
-  return num_required_blocks(req_id, num_tokens, num_computed_tokens) <= pool_.num_free_blocks();
+  return num_required_blocks(req_id, num_tokens, num_computed_tokens) <= pool_.num_free_blocks() &&
+         num_required_state_slots(req_id) <= num_free_state_slots();
 }
 
 bool KVCacheManager::allocate_slots(int64_t req_id, int64_t num_tokens,
                                     int64_t num_computed_tokens) {
-  if (num_required_blocks(req_id, num_tokens, num_computed_tokens) > pool_.num_free_blocks()) {
-    return false;
-  }
+  if (!can_allocate(req_id, num_tokens, num_computed_tokens)) return false;
   const int64_t needed = blocks_for(num_tokens);
   auto [it, created] = tables_.try_emplace(req_id);
   Tables& tables = it->second;
   if (created) tables.resize(groups_.size());
   for (int64_t g = 0; g < num_groups(); ++g) {
     std::vector<int32_t>& table = tables[static_cast<size_t>(g)];
+    if (groups_[static_cast<size_t>(g)].recurrent) {
+      if (table.empty()) {  // the request's state slot, for its whole life
+        table.push_back(free_state_slots_.back());
+        free_state_slots_.pop_back();
+      }
+      continue;
+    }
     const int64_t first = first_needed_block(g, num_computed_tokens);
     // Release what fell out of the window (tail first, as free() does).
     for (int64_t i = std::min<int64_t>(first, static_cast<int64_t>(table.size())) - 1; i >= 0;
@@ -146,7 +191,12 @@ bool KVCacheManager::allocate_slots(int64_t req_id, int64_t num_tokens,
 void KVCacheManager::free(int64_t req_id) {
   auto it = tables_.find(req_id);
   if (it == tables_.end()) return;
-  for (std::vector<int32_t>& table : it->second) {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<int32_t>& table = it->second[g];
+    if (groups_[g].recurrent) {
+      free_state_slots_.insert(free_state_slots_.end(), table.begin(), table.end());
+      continue;
+    }
     table.erase(std::remove(table.begin(), table.end(), kNoBlock), table.end());
     // Tail first: the request's last blocks reach the LRU end first.
     if (enable_caching()) std::reverse(table.begin(), table.end());
@@ -160,7 +210,9 @@ int64_t KVCacheManager::num_request_blocks(int64_t req_id) const {
   const auto it = tables_.find(req_id);
   if (it == tables_.end()) return 0;
   int64_t n = 0;
-  for (const std::vector<int32_t>& table : it->second) n += live_blocks(table);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!groups_[g].recurrent) n += live_blocks(it->second[g]);
+  }
   return n;
 }
 

@@ -109,5 +109,24 @@ TEST(BatchBuilder, OneSlotMappingAndTablePerKVCacheGroup) {
   EXPECT_THROW(bb.build({10}, {4}, {9}), std::invalid_argument);
 }
 
+TEST(BatchBuilder, RecurrentGroupCarriesTheStateSlot) {
+  KVCacheGroupSpec state;
+  state.recurrent = true;
+  KVCacheManager kv(32, 4, false, {KVCacheGroupSpec{0}, state}, 4);
+  BatchBuilder bb(kv);
+  bb.add_request(10, iota(9, 100));  // decode of position 8
+  bb.add_request(20, iota(3, 200));  // prompt of 3
+  ASSERT_TRUE(kv.allocate_slots(10, 9, 8));
+  ASSERT_TRUE(kv.allocate_slots(20, 3, 0));
+  Batch b = bb.build({10, 20}, {8, 0}, {1, 3});
+  const int32_t s10 = kv.block_table(10, 1)[0], s20 = kv.block_table(20, 1)[0];
+  EXPECT_EQ(b.shape.max_blocks, 3);
+  EXPECT_EQ(b.group_block_tables, (std::vector<int32_t>{s10, 0, 0, s20, 0, 0}));
+  EXPECT_EQ(b.group_slot_mapping, (std::vector<int64_t>{s10, s20, s20, s20}));
+  // A request with no allocation has no state slot either.
+  bb.add_request(30, iota(2, 300));
+  EXPECT_THROW(bb.build({30}, {0}, {2}), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace paternoster

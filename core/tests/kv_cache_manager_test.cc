@@ -224,5 +224,67 @@ TEST(KVCacheManagerGroups, GroupsNeverShareCachedBlocks) {
   EXPECT_TRUE(kv.block_table(2, 1).empty());
 }
 
+// ---- recurrent-state groups (linear-attention layers)
+
+std::vector<KVCacheGroupSpec> full_and_recurrent() {
+  KVCacheGroupSpec state;
+  state.recurrent = true;
+  return {KVCacheGroupSpec{0}, state};
+}
+
+TEST(KVCacheManagerRecurrent, RejectsBadConfigurations) {
+  KVCacheGroupSpec windowed;
+  windowed.recurrent = true;
+  windowed.sliding_window = 8;
+  EXPECT_THROW(KVCacheManager(8, 4, false, {KVCacheGroupSpec{0}, windowed}, 4),
+               std::invalid_argument);
+  EXPECT_THROW(KVCacheManager(8, 4, false, full_and_recurrent(), 0), std::invalid_argument);
+  EXPECT_THROW(KVCacheManager(8, 4, true, full_and_recurrent(), 4), std::invalid_argument);
+  EXPECT_THROW(KVCacheManager(8, 4, false, {KVCacheGroupSpec{0}}, -1), std::invalid_argument);
+}
+
+TEST(KVCacheManagerRecurrent, OneSlotPerRequestHoweverLong) {
+  KVCacheManager kv(16, 4, false, full_and_recurrent(), 2);
+  EXPECT_EQ(kv.num_required_state_slots(1), 1);
+  // Blocks count only the attention group: 10 tokens = 3 blocks.
+  EXPECT_EQ(kv.num_required_blocks(1, 10), 3);
+  ASSERT_TRUE(kv.allocate_slots(1, 10));
+  EXPECT_EQ(kv.num_free_blocks(), 13);
+  EXPECT_EQ(kv.num_free_state_slots(), 1);
+  EXPECT_EQ(kv.num_required_state_slots(1), 0);
+  const auto slot = kv.block_table(1, 1);
+  ASSERT_EQ(slot.size(), 1u);
+  EXPECT_GE(slot[0], 0);
+  EXPECT_LT(slot[0], 2);
+  // Growing keeps the slot.
+  for (int64_t n = 11; n < 40; ++n) ASSERT_TRUE(kv.allocate_slots(1, n, n - 1));
+  EXPECT_EQ(kv.block_table(1, 1), slot);
+  EXPECT_EQ(kv.num_request_blocks(1), 10);  // 40 tokens... minus the last: 39 -> 10 blocks
+  EXPECT_DOUBLE_EQ(kv.state_usage(), 0.5);
+}
+
+TEST(KVCacheManagerRecurrent, AdmissionWaitsForAFreeSlot) {
+  KVCacheManager kv(64, 4, false, full_and_recurrent(), 2);
+  ASSERT_TRUE(kv.allocate_slots(1, 4));
+  ASSERT_TRUE(kv.allocate_slots(2, 4));
+  EXPECT_NE(kv.block_table(1, 1), kv.block_table(2, 1));  // distinct slots
+  // Blocks are plentiful, slots are not: all or nothing.
+  EXPECT_FALSE(kv.can_allocate(3, 4));
+  const int64_t free_blocks = kv.num_free_blocks();
+  EXPECT_FALSE(kv.allocate_slots(3, 4));
+  EXPECT_FALSE(kv.has_request(3));
+  EXPECT_EQ(kv.num_free_blocks(), free_blocks);
+  // Preempting (freeing) one returns its slot and its blocks.
+  const auto slot1 = kv.block_table(1, 1);
+  kv.free(1);
+  EXPECT_EQ(kv.num_free_state_slots(), 1);
+  ASSERT_TRUE(kv.allocate_slots(3, 4));
+  EXPECT_EQ(kv.block_table(3, 1), slot1);
+  kv.free(2);
+  kv.free(3);
+  EXPECT_EQ(kv.num_free_state_slots(), 2);
+  EXPECT_EQ(kv.num_free_blocks(), 64);
+}
+
 }  // namespace
 }  // namespace paternoster

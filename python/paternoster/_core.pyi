@@ -134,7 +134,8 @@ class KVCacheManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = False,
-                 sliding_windows: list[int] | None = None) -> None:
+                 sliding_windows: list[int] | None = None, recurrent: list[bool] | None = None,
+                 num_state_slots: int = 0) -> None:
         """Args: num_blocks (>= 0) blocks of block_size (>= 1) tokens each;
         enable_caching: automatic prefix caching (off: exactly the behaviour
         without it); sliding_windows: one entry per KV cache group (the layers
@@ -142,7 +143,23 @@ class KVCacheManager:
         attention window in tokens or 0 for full attention (None: one
         full-attention group). All groups draw from the one pool; a request
         has one table per group and a token's block index is the same in each.
-        Raises ValueError for bad sizes, no group or a negative window."""
+        recurrent: per group, whether it is a recurrent-state group
+        (linear-attention layers: one state slot per request, from a pool of
+        ``num_state_slots``, held from its first allocation until it is
+        freed; its block table is that slot). Raises ValueError for bad
+        sizes, no group, a negative window, a windowed recurrent group,
+        recurrent groups without state slots or with ``enable_caching``."""
+    def recurrent(self, group: int) -> bool:
+        """Whether group ``group`` is a recurrent-state group."""
+    def num_required_state_slots(self, req_id: int) -> int:
+        """State slots the request would take (recurrent groups it holds
+        none in; 0 without recurrent groups)."""
+    def num_state_slots(self) -> int:
+        """The recurrent groups' state slot pool size."""
+    def num_free_state_slots(self) -> int:
+        """Free state slots."""
+    def state_usage(self) -> float:
+        """Fraction of state slots in use, in [0, 1] (0 without any)."""
     def num_groups(self) -> int:
         """KV cache groups (1 unless ``sliding_windows`` named more)."""
     def sliding_window(self, group: int) -> int:

@@ -29,7 +29,9 @@ struct BatchShape {
 // input_ids/positions/slot_mapping [T], block_tables [B, M] row-major,
 // seq_lens [B], query_start_loc [B + 1], logits_indices [B]; slot_mapping and
 // block_tables are group 0's, group_slot_mapping [G - 1, T] and
-// group_block_tables [G - 1, B, M] the other groups' (null when G == 1).
+// group_block_tables [G - 1, B, M] the other groups' (null when G == 1). A
+// recurrent-state group's row holds the request's state slot in column 0 (the
+// rest 0) and its slot_mapping the same slot for each of the request's tokens.
 struct BatchBuffers {
   int64_t* input_ids = nullptr;
   int64_t* positions = nullptr;

@@ -156,6 +156,25 @@ pn_status_t pn_kv_cache_manager_create_grouped(int64_t num_blocks, int64_t block
                                                int64_t num_groups,
                                                pn_kv_cache_manager_t** out) PN_NOEXCEPT;
 
+/* Like pn_kv_cache_manager_create_grouped, where recurrent[g] nonzero makes
+ * group g a recurrent-state group (linear-attention / Mamba-style layers; its
+ * window must be 0): each request holds one state slot there, taken by its
+ * first allocation from a pool of num_state_slots slots and returned when it is
+ * freed; its block table is that one slot. PN_ERR_INVALID_ARGUMENT as
+ * pn_kv_cache_manager_create_grouped, or with a recurrent group and
+ * num_state_slots < 1 or enable_caching (prefix caching cannot skip tokens
+ * whose state was never saved). */
+pn_status_t pn_kv_cache_manager_create_hybrid(int64_t num_blocks, int64_t block_size,
+                                              int enable_caching,
+                                              const int64_t* sliding_windows,
+                                              const int* recurrent, int64_t num_groups,
+                                              int64_t num_state_slots,
+                                              pn_kv_cache_manager_t** out) PN_NOEXCEPT;
+
+/* Writes the number of free recurrent state slots (0 without recurrent groups). */
+pn_status_t pn_kv_cache_manager_num_free_state_slots(const pn_kv_cache_manager_t* manager,
+                                                     int64_t* out) PN_NOEXCEPT;
+
 /* Writes the number of KV cache groups (1 unless created grouped). */
 pn_status_t pn_kv_cache_manager_num_groups(const pn_kv_cache_manager_t* manager,
                                            int64_t* out) PN_NOEXCEPT;

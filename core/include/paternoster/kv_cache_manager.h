@@ -41,6 +41,20 @@
 // unbroken chain from the first block (its blocks freed out of the window stay
 // cached until the pool evicts them), which is conservative: a miss costs
 // recomputation, never a wrong block.
+//
+// Recurrent-state groups (linear attention / Mamba-style layers: Gated
+// DeltaNet in Qwen3-Next and Qwen3.5): such layers keep a fixed-size state per
+// request (a convolution window and an SSM state) instead of per-token KV. A
+// recurrent group gives each request exactly one *state slot*, an index into
+// the host's per-layer state tensors, from a pool of num_state_slots slots
+// separate from the block pool (its entries are slots, not blocks). The slot
+// is taken by the request's first allocate_slots, kept however many tokens
+// follow, and returned by free() (finish or preemption; a preempted request
+// recomputes from its first token, so its state starts over). Admission
+// (can_allocate / allocate_slots) needs a free slot per recurrent group the
+// request has none in. Prefix caching cannot be combined with recurrent groups
+// (a hit would skip tokens whose state was never saved): the constructor
+// refuses it.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +77,9 @@ struct KVCacheGroupSpec {
   // 0: full attention. W > 0: sliding-window attention over the last W
   // positions (the query's own included).
   int64_t sliding_window = 0;
+  // A recurrent-state group: one state slot per request instead of blocks
+  // (sliding_window must then be 0).
+  bool recurrent = false;
 };
 
 class KVCacheManager {
@@ -71,9 +88,13 @@ class KVCacheManager {
   // sliding_window >= 0, else std::invalid_argument. With enable_caching =
   // false the manager behaves as before prefix caching: get_computed_blocks()
   // finds nothing, cache_blocks() does nothing, and free() returns blocks in
-  // table order. The default is one full-attention group.
+  // table order. The default is one full-attention group. num_state_slots:
+  // the recurrent groups' slot pool, >= 1 when a group is recurrent (>= 0
+  // otherwise); std::invalid_argument also for a recurrent group with a
+  // window, or with enable_caching.
   KVCacheManager(int64_t num_blocks, int64_t block_size, bool enable_caching = false,
-                 std::vector<KVCacheGroupSpec> groups = {KVCacheGroupSpec{}});
+                 std::vector<KVCacheGroupSpec> groups = {KVCacheGroupSpec{}},
+                 int64_t num_state_slots = 0);
 
   int64_t num_groups() const { return static_cast<int64_t>(groups_.size()); }
   // std::invalid_argument if g is out of range.
@@ -90,10 +111,15 @@ class KVCacheManager {
   // num_computed_tokens < 0.
   int64_t num_required_blocks(int64_t req_id, int64_t num_tokens,
                               int64_t num_computed_tokens = 0) const;
+  // KV blocks and, for a request without its state slots yet, a free slot
+  // per recurrent group.
   bool can_allocate(int64_t req_id, int64_t num_tokens, int64_t num_computed_tokens = 0) const;
+  // State slots the request would take (recurrent groups it holds none in).
+  int64_t num_required_state_slots(int64_t req_id) const;
 
   // Grows the request's tables to cover its first `num_tokens` tokens, all or
-  // nothing: returns false (and changes nothing) when too few blocks are free.
+  // nothing: returns false (and changes nothing) when too few blocks (or state
+  // slots) are free. A recurrent group's table is its one state slot.
   // Sliding-window groups first release the blocks wholly below
   // num_computed_tokens - W + 1 (their entries become kNoBlock); the caller
   // passes the request's true computed count, which must not decrease while
@@ -107,8 +133,8 @@ class KVCacheManager {
   // evicted first.
   void free(int64_t req_id);
 
-  // Blocks the request holds in all groups (released entries not counted);
-  // 0 for an unknown request.
+  // Blocks the request holds in all groups (released entries and state slots
+  // not counted); 0 for an unknown request.
   int64_t num_request_blocks(int64_t req_id) const;
 
   // ---- prefix caching
@@ -184,6 +210,19 @@ class KVCacheManager {
   int64_t block_size() const { return block_size_; }
   // Fraction of blocks in use, in [0, 1].
   double usage() const { return pool_.usage(); }
+  // The recurrent groups' state slots: all, free, and the fraction in use (0
+  // without recurrent groups).
+  int64_t num_state_slots() const { return num_state_slots_; }
+  int64_t num_free_state_slots() const {
+    return static_cast<int64_t>(free_state_slots_.size());
+  }
+  double state_usage() const {
+    return num_state_slots_ == 0
+               ? 0.0
+               : 1.0 - static_cast<double>(free_state_slots_.size()) /
+                           static_cast<double>(num_state_slots_);
+  }
+  int64_t num_recurrent_groups() const { return num_recurrent_groups_; }
 
   const BlockPool& pool() const { return pool_; }
 
@@ -222,6 +261,9 @@ class KVCacheManager {
   int64_t block_size_;
   std::vector<KVCacheGroupSpec> groups_;
   std::unordered_map<int64_t, Tables> tables_;
+  int64_t num_state_slots_ = 0;
+  int64_t num_recurrent_groups_ = 0;
+  std::vector<int32_t> free_state_slots_;  // taken from the back
 
   // Prefix cache (sized only with caching on): per block, its parent and, for
   // a first block, the salt; its tokens at [id * block_size, +block_size), as

@@ -109,12 +109,21 @@ class EngineCore:
             )
         self.runner: Runner = model_runner
         self.max_model_len = self.runner.max_model_len
+        windows = list(getattr(self.runner, "kv_cache_group_windows", (0,)))
+        recurrent = list(getattr(self.runner, "kv_cache_group_recurrent", ()) or ())
+        caching = config.cache.enable_prefix_caching
+        if caching and any(recurrent):
+            logger.info("prefix caching off: the model's linear-attention layers keep a "
+                        "recurrent state that is not saved at block boundaries")
+            caching = False
         self.kv_cache_manager = _core.KVCacheManager(
             self.runner.num_kv_blocks,
             self.runner.block_size,
-            enable_caching=config.cache.enable_prefix_caching,
+            enable_caching=caching,
             # Runners without KV cache groups have one full-attention group.
-            sliding_windows=list(getattr(self.runner, "kv_cache_group_windows", (0,))),
+            sliding_windows=windows,
+            recurrent=recurrent or None,
+            num_state_slots=int(getattr(self.runner, "num_state_slots", 0) or 0),
         )
         self.batch_builder = _core.BatchBuilder(self.kv_cache_manager)
         scheduler_cls = load_scheduler_class(config.scheduler.scheduler)

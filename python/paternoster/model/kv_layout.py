@@ -18,6 +18,12 @@ tables at once, they never collide. One block id then costs ``S`` layers of
 KV, and a request costs, per group, its blocks times that. Models with one
 kind of layer keep one group of all layers (``S`` = the layer count): the
 layout before groups existed.
+
+Linear-attention layers (Gated DeltaNet in Qwen3-Next / Qwen3.5) keep a
+fixed-size state per request instead of KV: they form one *recurrent-state
+group*, the last, whose "table" is the request's state slot (the C++
+manager's recurrent groups); each such layer has its own state tensors
+indexed by slot, and ``layer_slots`` numbers them.
 """
 
 from __future__ import annotations
@@ -36,32 +42,46 @@ class KVCacheLayout:
         layer_groups: per layer, its group.
         layer_slots: per layer, the index of the shared cache tensor it uses.
         num_slots: cache tensors (K and V each) to allocate.
+        group_recurrent: per group, whether it is the recurrent-state group
+            (empty: none is); for such a group's layers ``layer_slots`` is
+            the layer's index among the recurrent layers.
     """
 
     group_windows: tuple[int, ...]
     layer_groups: tuple[int, ...]
     layer_slots: tuple[int, ...]
     num_slots: int
+    group_recurrent: tuple[bool, ...] = ()
 
     @classmethod
-    def from_windows(cls, windows: Sequence[int]) -> KVCacheLayout:
+    def from_windows(cls, windows: Sequence[int],
+                     recurrent: Sequence[bool] = ()) -> KVCacheLayout:
         """The layout for layers with these windows (0 = full attention).
 
         Kinds of layer are told apart by their window. Each kind's layers, in
         order, fill groups of ``S`` = the smallest kind's layer count (the
         last group of a kind may be short: at its blocks' ids the slots it has
-        no layer for stay unwritten, memory allocated but unused).
+        no layer for stay unwritten, memory allocated but unused). Layers
+        marked in ``recurrent`` (one flag per layer, or empty) form one
+        recurrent-state group after the others.
 
         Raises:
-            ValueError: no layers, or a negative window.
+            ValueError: no layers, a negative window, ``recurrent`` of
+                another length, or only recurrent layers.
         """
         if not windows:
             raise ValueError("a model needs at least one layer")
         if any(w < 0 for w in windows):
             raise ValueError(f"sliding windows must be >= 0, got {list(windows)}")
+        if recurrent and len(recurrent) != len(windows):
+            raise ValueError(f"recurrent has {len(recurrent)} flags for {len(windows)} layers")
+        state_layers = [i for i, r in enumerate(recurrent) if r]
+        if len(state_layers) == len(windows):
+            raise ValueError("a model needs at least one attention layer")
         kinds: dict[int, list[int]] = {}
         for layer, w in enumerate(windows):
-            kinds.setdefault(int(w), []).append(layer)
+            if layer not in state_layers:
+                kinds.setdefault(int(w), []).append(layer)
         size = min(len(layers) for layers in kinds.values())
         group_windows: list[int] = []
         groups = [0] * len(windows)
@@ -72,7 +92,24 @@ class KVCacheLayout:
                     groups[layer] = len(group_windows)
                     slots[layer] = slot
                 group_windows.append(w)
-        return cls(tuple(group_windows), tuple(groups), tuple(slots), size)
+        if not state_layers:
+            return cls(tuple(group_windows), tuple(groups), tuple(slots), size)
+        for index, layer in enumerate(state_layers):
+            groups[layer] = len(group_windows)
+            slots[layer] = index
+        flags = (False,) * len(group_windows) + (True,)
+        return cls((*group_windows, 0), tuple(groups), tuple(slots), size, flags)
+
+    @property
+    def recurrent_group(self) -> int | None:
+        """The recurrent-state group's index, or None."""
+        return self.group_recurrent.index(True) if any(self.group_recurrent) else None
+
+    @property
+    def num_recurrent_layers(self) -> int:
+        """Layers in the recurrent-state group (each with its own state tensors)."""
+        g = self.recurrent_group
+        return 0 if g is None else sum(1 for x in self.layer_groups if x == g)
 
     @property
     def num_groups(self) -> int:
@@ -94,7 +131,9 @@ class KVCacheLayout:
         """
         every = -(-num_tokens // block_size)
         total = 0
-        for w in self.group_windows:
+        for g, w in enumerate(self.group_windows):
+            if g == self.recurrent_group:  # a state slot, no blocks
+                continue
             reach = -(-(w - 1 + chunk) // block_size) + 1 if w else every
             total += min(every, reach)
         return total
@@ -138,3 +177,12 @@ def layer_windows(hf_config) -> list[int]:
     if len(layer_types) != n:
         raise ValueError(f"config.layer_types has {len(layer_types)} entries for {n} layers")
     return [int(window) if t == "sliding_attention" else 0 for t in layer_types]
+
+
+def kv_cache_layout(hf_config) -> KVCacheLayout:
+    """The layout of a model's layers: attention windows from
+    :func:`layer_windows`, and the layers ``layer_types`` marks
+    ``"linear_attention"`` (Qwen3-Next, Qwen3.5) in the recurrent-state group."""
+    types = getattr(hf_config, "layer_types", None) or ()
+    recurrent = [t == "linear_attention" for t in types]
+    return KVCacheLayout.from_windows(layer_windows(hf_config), recurrent if any(recurrent) else ())

@@ -22,6 +22,11 @@ from paternoster.model.mixtral import MixtralForCausalLM
 from paternoster.model.phi3 import Phi3ForCausalLM
 from paternoster.model.qwen3 import Qwen3ForCausalLM
 from paternoster.model.qwen3_moe import Qwen3MoeForCausalLM
+from paternoster.model.qwen3_next import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5MoeForCausalLM,
+    Qwen3NextForCausalLM,
+)
 from paternoster.model.smollm3 import SmolLM3ForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -36,13 +41,18 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 _MODEL_TYPES = {"gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
                 "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                 "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "qwen3_moe": "Qwen3MoeForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+                "qwen3_moe": "Qwen3MoeForCausalLM", "qwen3_next": "Qwen3NextForCausalLM",
+                "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+                "smollm3": "SmolLM3ForCausalLM"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -77,7 +87,29 @@ def load_hf_config(model_dir: str | Path):
                          f"*.safetensors weights and tokenizer files)")
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(p), trust_remote_code=False)
+    return text_tower_config(AutoConfig.from_pretrained(str(p), trust_remote_code=False))
+
+
+#: Vision-language architectures whose text tower we serve, and its class.
+_TEXT_TOWERS = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+                "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM"}
+
+
+def text_tower_config(config):
+    """The config to build: a vision-language checkpoint's ``text_config``
+    (architecture set to its causal LM, ``tie_word_embeddings`` from the
+    outer config) for the architectures in ``_TEXT_TOWERS`` (Qwen3.5: every
+    release is one), else ``config`` itself. Images are not supported."""
+    archs = list(getattr(config, "architectures", None) or [])
+    text = getattr(config, "text_config", None)
+    if not archs or archs[0] not in _TEXT_TOWERS or text is None:
+        return config
+    text.architectures = [_TEXT_TOWERS[archs[0]]]
+    if "tie_word_embeddings" in config.to_diff_dict():
+        text.tie_word_embeddings = config.tie_word_embeddings
+    logger.info("%s: serving the text tower (%s); image inputs are not supported",
+                archs[0], text.architectures[0])
+    return text
 
 
 def load_tokenizer(model: str | Path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,9 @@ import torch
 from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.attention import AttentionMetadata, AttentionOps, default_attention_ops
+from paternoster.model.gated_deltanet import state_shapes
 from paternoster.model.interface import ModelInput, ModelRunnerOutput
-from paternoster.model.kv_layout import KVCacheLayout, layer_windows
+from paternoster.model.kv_layout import kv_cache_layout
 from paternoster.model.loader import (
     dummy_model,
     load_hf_config,
@@ -120,8 +122,11 @@ class ModelRunner:
         self._kernel_hints = False  # pass max_query_len/max_seq_len/workspace to the ops
         self.sampler = Sampler()
         self._spin = -1  # kernel threads' polling time last set (_set_spin)
-        self.kv_layout = KVCacheLayout.from_windows(layer_windows(cfg))
+        self.kv_layout = kv_cache_layout(cfg)
         self.kv_cache_group_windows = self.kv_layout.group_windows
+        self.kv_cache_group_recurrent = self.kv_layout.group_recurrent
+        # Linear-attention layers: one state slot per running request.
+        self.num_state_slots = max_num_seqs if self.kv_layout.num_recurrent_layers else 0
         self._max_chunk = max_num_batched_tokens
         ops = attn_ops if attn_ops is not None else default_attention_ops()
         if self.device.type == "cuda":
@@ -141,10 +146,34 @@ class ModelRunner:
         self.kv_caches = self._allocate_caches()
 
     def _allocate_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer (key_cache, value_cache): the layout's shared slots."""
+        """Per layer (key_cache, value_cache): the layout's shared slots;
+        for a linear-attention layer its (conv_state, ssm_state) over
+        ``num_state_slots`` slots."""
         slots = [(self._empty_cache(), self._empty_cache())
                  for _ in range(self.kv_layout.num_slots)]
-        return [slots[i] for i in self.kv_layout.layer_slots]
+        states = [self._empty_states(self.num_state_slots)
+                  for _ in range(self.kv_layout.num_recurrent_layers)]
+        recurrent = self.kv_layout.recurrent_group
+        return [states[slot] if group == recurrent else slots[slot]
+                for group, slot in zip(self.kv_layout.layer_groups, self.kv_layout.layer_slots,
+                                       strict=True)]
+
+    def _empty_states(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One linear layer's (conv_state, ssm_state) for ``n`` slots: model
+        dtype and float32 (:func:`~paternoster.model.gated_deltanet.state_shapes`)."""
+        conv, ssm = state_shapes(self.hf_config)
+        return (torch.zeros((n, *conv), dtype=self.dtype, device=self.device),
+                torch.zeros((n, *ssm), dtype=torch.float32, device=self.device))
+
+    def state_bytes(self) -> int:
+        """Bytes of every linear layer's state for all ``num_state_slots``
+        slots (0 without linear-attention layers)."""
+        if not self.num_state_slots:
+            return 0
+        conv, ssm = state_shapes(self.hf_config)
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        per_slot = math.prod(conv) * elem + math.prod(ssm) * 4
+        return per_slot * self.num_state_slots * self.kv_layout.num_recurrent_layers
 
     def bytes_per_block(self) -> int:
         """KV cache bytes of one block id, K and V in every cache slot (all
@@ -156,11 +185,14 @@ class ModelRunner:
     def _num_blocks(self, cache_config: CacheConfig) -> int:
         if cache_config.num_kv_blocks is not None:
             return cache_config.num_kv_blocks
-        n = cache_config.kv_cache_memory // self.bytes_per_block()
+        # The linear layers' states come out of the same budget.
+        n = (cache_config.kv_cache_memory - self.state_bytes()) // self.bytes_per_block()
         if n < 1:
+            states = (f" after {self.state_bytes()} bytes of recurrent state for "
+                      f"{self.num_state_slots} sequences" if self.state_bytes() else "")
             raise ValueError(
                 f"kv_cache_memory={cache_config.kv_cache_memory} bytes is less than one block "
-                f"({self.bytes_per_block()} bytes)"
+                f"({self.bytes_per_block()} bytes){states}"
             )
         return int(n)
 
@@ -301,7 +333,10 @@ class ModelRunner:
                                                        self._max_chunk, cap)
         self.model.set_kv_cache_layout(self.kv_layout)
         self.kv_caches = self._allocate_caches()
-        if model_config.cuda_graphs:
+        if model_config.cuda_graphs and self.num_state_slots:
+            logger.info("CUDA graphs off: the linear-attention layers' state update reads "
+                        "the batch on the host")
+        elif model_config.cuda_graphs:
             from paternoster.model.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self.model, self.kv_caches, self.device,
@@ -336,7 +371,10 @@ class ModelRunner:
         attn = dataclasses.replace(attn, group_slot_mappings=(attn.slot_mapping,) * extra,
                                    group_block_tables=(attn.block_tables,) * extra)
         shape = (1, self.block_size, self.num_kv_heads, self.head_dim)
-        caches = [(torch.zeros(shape, dtype=self.dtype, device=dev),) * 2] * self.num_layers
+        kv = (torch.zeros(shape, dtype=self.dtype, device=dev),) * 2
+        recurrent = self.kv_layout.recurrent_group
+        caches = [self._empty_states(1) if group == recurrent else kv
+                  for group in self.kv_layout.layer_groups]
         ids = torch.zeros(num_tokens, dtype=torch.int64, device=dev)
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
@@ -348,7 +386,7 @@ class ModelRunner:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(dev)
         outside_torch = total - free - torch.cuda.memory_reserved(dev)
-        budget = utilization * total - peak - outside_torch
+        budget = utilization * total - peak - outside_torch - self.state_bytes()
         blocks = int(budget // self.bytes_per_block())
         gib = 1 << 30
         logger.info(
