@@ -1,5 +1,6 @@
 """KV cache bytes one request holds at a long context: KV cache groups
-(sliding-window layers release what falls out of their window) against a
+(sliding-window layers release what falls out of their window;
+linear-attention layers hold one fixed-size recurrent state) against a
 full-attention allocation of every layer, for real model shapes.
 
 For each shape the per-layer windows come from the transformers config class
@@ -8,7 +9,9 @@ For each shape the per-layer windows come from the transformers config class
 C++ ``KVCacheManager`` itself: one request prefilled in chunks of
 ``--chunk`` tokens up to ``--context`` tokens, then ``--decode`` single-token
 steps; the most blocks it held at once, times the bytes of one block id
-(K and V in every shared cache slot). Usage::
+(K and V in every shared cache slot), plus, for linear-attention layers, one
+state slot (a bfloat16 convolution window and a float32 delta-rule state per
+layer). Usage::
 
     .venv/bin/python bench/kv_memory.py [--context 32768] [--chunk 2048] [--decode 64]
 """
@@ -17,14 +20,24 @@ from __future__ import annotations
 
 import argparse
 
+import math
+
 from paternoster import _core
-from paternoster.model.kv_layout import KVCacheLayout, layer_windows
+from paternoster.model.gated_deltanet import state_shapes
+from paternoster.model.kv_layout import KVCacheLayout, kv_cache_layout, layer_windows
 
 
 def shapes() -> dict[str, object]:
     """transformers configs shaped as released checkpoints (layers, KV heads,
     head size, windows; the other fields do not touch the KV cache)."""
-    from transformers import Gemma3TextConfig, MistralConfig, Qwen2Config
+    from transformers import (
+        Gemma3TextConfig,
+        MistralConfig,
+        Qwen2Config,
+        Qwen3_5MoeTextConfig,
+        Qwen3_5TextConfig,
+        Qwen3NextConfig,
+    )
 
     return {
         # google/gemma-3-4b-it's text model: 34 layers, 5 local (1024) per global.
@@ -41,6 +54,12 @@ def shapes() -> dict[str, object]:
                                            hidden_size=3584, num_attention_heads=28,
                                            use_sliding_window=True, sliding_window=4096,
                                            max_window_layers=24),
+        # transformers' defaults (Qwen3-Next-80B-A3B's shape): 48 layers, one
+        # in four full attention (2 KV heads of 256), the rest Gated DeltaNet.
+        "Qwen3-Next 80B-A3B": Qwen3NextConfig(),
+        # Qwen3_5TextConfig / Qwen3_5MoeTextConfig defaults: 32 and 40 layers.
+        "Qwen3.5 (32 layers, 4 KV heads)": Qwen3_5TextConfig(),
+        "Qwen3.5-MoE (40 layers, 2 KV heads)": Qwen3_5MoeTextConfig(),
     }
 
 
@@ -49,11 +68,13 @@ def request_bytes(cfg, context: int, chunk: int, decode: int, block_size: int,
     """(bytes with KV cache groups, bytes with every layer full, layout) for one
     request of ``context`` prompt tokens and ``decode`` generated ones."""
     windows = layer_windows(cfg)
-    layout = KVCacheLayout.from_windows(windows)
+    layout = kv_cache_layout(cfg)
     hkv = cfg.num_key_value_heads
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     per_layer_block = 2 * block_size * hkv * head * elem
-    kv = _core.KVCacheManager(1 << 24, block_size, sliding_windows=list(layout.group_windows))
+    recurrent = list(layout.group_recurrent) or None
+    kv = _core.KVCacheManager(1 << 24, block_size, sliding_windows=list(layout.group_windows),
+                              recurrent=recurrent, num_state_slots=1 if recurrent else 0)
     computed, peak = 0, 0
     while computed < context + decode:
         step = min(chunk, context - computed) if computed < context else 1
@@ -61,6 +82,9 @@ def request_bytes(cfg, context: int, chunk: int, decode: int, block_size: int,
         computed += step
         peak = max(peak, kv.num_request_blocks(0))
     grouped = peak * layout.num_slots * per_layer_block
+    if layout.num_recurrent_layers:
+        conv, ssm = state_shapes(cfg)
+        grouped += layout.num_recurrent_layers * (math.prod(conv) * elem + math.prod(ssm) * 4)
     full = len(windows) * -(-(context + decode) // block_size) * per_layer_block
     return grouped, full, layout
 
@@ -74,13 +98,13 @@ def main() -> None:
     args = p.parse_args()
     print(f"one request: {args.context}-token prompt in {args.chunk}-token chunks, "
           f"{args.decode} decode steps, blocks of {args.block_size}, bfloat16 KV\n")
-    print("| model shape | layers (windowed) | groups x slots | KV cache groups MiB | "
+    print("| model shape | layers (windowed or linear) | groups x slots | KV cache groups MiB | "
           "all layers full MiB | saving |")
     print("|---|---|---|---:|---:|---:|")
     for name, cfg in shapes().items():
         grouped, full, layout = request_bytes(cfg, args.context, args.chunk, args.decode,
                                               args.block_size)
-        windowed = sum(1 for w in layer_windows(cfg) if w)
+        windowed = sum(1 for w in layer_windows(cfg) if w) + layout.num_recurrent_layers
         print(f"| {name} | {len(layout.layer_groups)} ({windowed}) | "
               f"{layout.num_groups} x {layout.num_slots} | {grouped / 2**20:.0f} | "
               f"{full / 2**20:.0f} | {full / grouped:.2f}x |")

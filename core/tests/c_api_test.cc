@@ -421,6 +421,34 @@ TEST(CApi, PrefixCachingSharesBlocks) {
   EXPECT_EQ(num_free(m.get()), 8);
 }
 
+TEST(CApi, RecurrentGroupHoldsOneStateSlotPerRequest) {
+  // A full-attention group and a recurrent-state group with 2 state slots.
+  const int64_t windows[] = {0, 0};
+  const int recurrent[] = {0, 1};
+  pn_kv_cache_manager_t* raw = nullptr;
+  EXPECT_EQ(pn_kv_cache_manager_create_hybrid(32, 4, 0, windows, recurrent, 2, 0, &raw),
+            PN_ERR_INVALID_ARGUMENT);  // no state slots
+  EXPECT_EQ(pn_kv_cache_manager_create_hybrid(32, 4, 1, windows, recurrent, 2, 2, &raw),
+            PN_ERR_INVALID_ARGUMENT);  // prefix caching
+  ASSERT_EQ(pn_kv_cache_manager_create_hybrid(32, 4, 0, windows, recurrent, 2, 2, &raw), PN_OK);
+  Manager m(raw);
+  int64_t free_slots = -1;
+  ASSERT_EQ(pn_kv_cache_manager_allocate_slots_after(m.get(), 1, 9, 0), PN_OK);
+  ASSERT_EQ(pn_kv_cache_manager_allocate_slots_after(m.get(), 2, 3, 0), PN_OK);
+  ASSERT_EQ(pn_kv_cache_manager_num_free_state_slots(m.get(), &free_slots), PN_OK);
+  EXPECT_EQ(free_slots, 0);
+  EXPECT_EQ(num_free(m.get()), 32 - 3 - 1);  // state slots take no blocks
+  int32_t slot[4] = {-1, -1, -1, -1};
+  int64_t len = 0;
+  ASSERT_EQ(pn_kv_cache_manager_group_block_table(m.get(), 1, 1, slot, 4, &len), PN_OK);
+  EXPECT_EQ(len, 1);
+  EXPECT_TRUE(slot[0] == 0 || slot[0] == 1);
+  // A third request finds blocks but no slot.
+  EXPECT_EQ(pn_kv_cache_manager_allocate_slots_after(m.get(), 3, 3, 0), PN_ERR_OUT_OF_BLOCKS);
+  ASSERT_EQ(pn_kv_cache_manager_free(m.get(), 1), PN_OK);
+  ASSERT_EQ(pn_kv_cache_manager_allocate_slots_after(m.get(), 3, 3, 0), PN_OK);
+}
+
 TEST(CApi, KVCacheGroupsMatchTheCppManager) {
   // A full group and a window-4 group over 32 blocks of 4, through the C API
   // and through the C++ classes, the same calls: the same tables and batch.
