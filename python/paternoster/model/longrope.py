@@ -30,9 +30,11 @@ keys already have the set its later ones get. Against HF:
   (short factors).
 - ``max_model_len > L``: a request longer than L gets HF's logits at every
   step past L (HF's forward over the sequence, and HF ``generate`` after its
-  recompute). Steps at lengths <= L are computed with the long set where HF
-  uses the short one: a deviation (tests/model/test_phi3_longrope.py
-  measures that the logits differ). To get HF's short-context results,
+  recompute). Steps at lengths <= L (all of a request that stays within L,
+  the first ones of a request that crosses L mid-decode) are computed with
+  the long set where HF uses the short one: a deviation
+  (tests/model/test_phi3_longrope.py checks that those logits are HF's with
+  the long set forced, and differ from HF's default). To get HF's short-context results,
   serve with ``--max-model-len`` L (4096 for the Phi checkpoints).
 """
 
@@ -75,9 +77,12 @@ def rescale_factors(params: dict, rotary_dim: int, max_positions: int | None) ->
 
 def longrope_inverse_frequencies(wavelength_scale: torch.Tensor, params: dict,
                                  max_positions: int | None) -> torch.Tensor:
-    """``1 / (lambda_i * theta ** (2i / R))``, float32[R / 2], from
-    ``wavelength_scale`` = ``theta ** (2i / R)`` float32[R / 2] (formed as HF
-    forms it, for its bits); ``lambda`` from :func:`rescale_factors`.
+    """``1 / (lambda_i * theta ** (2i / R))``, float32[R / 2]: the paper's
+    non-uniform per-dimension rescaling (arXiv 2402.13753, the searched
+    factors ``lambda_i`` stretching pair i's wavelength), as HF's
+    ``_compute_longrope_parameters``. From ``wavelength_scale`` =
+    ``theta ** (2i / R)`` float32[R / 2] (formed as HF forms it, for its
+    bits); ``lambda`` from :func:`rescale_factors`.
 
     Raises:
         ValueError: see :func:`rescale_factors`.
@@ -87,9 +92,11 @@ def longrope_inverse_frequencies(wavelength_scale: torch.Tensor, params: dict,
 
 
 def longrope_attention_factor(params: dict) -> float:
-    """The cos/sin multiplier: ``attention_factor`` if given, else
-    ``sqrt(1 + ln(s) / ln(L))`` for the scale s (``factor``, else
-    ``max_position_embeddings / L``) > 1, else 1 (the paper's and HF's)."""
+    """The cos/sin multiplier (a float; q.k is scaled by its square):
+    ``attention_factor`` if given, else ``sqrt(1 + ln(s) / ln(L))`` for the
+    scale s (``factor``, else ``max_position_embeddings / L``) > 1, else 1
+    (as HF's ``_compute_longrope_parameters`` and Phi-3's reference code;
+    L = ``original_max_position_embeddings``)."""
     if params.get("attention_factor") is not None:
         return float(params["attention_factor"])
     old_len = float(params["original_max_position_embeddings"])

@@ -5,7 +5,7 @@ Layout is GPT-NeoX's "rotate half" (as in HF Llama/Qwen2 checkpoints): the
 first and second halves of each head dimension form the rotated pairs.
 Supported frequency schemes: ``default``, ``linear`` (position interpolation,
 Chen et al. 2023), ``llama3`` (Meta's Llama 3.1 wavelength-dependent
-scaling, from the Llama 3 paper / reference code) and ``yarn`` (Peng et al.
+scaling, from the Llama 3 paper / reference code), ``yarn`` (Peng et al.
 2023, "YaRN: Efficient Context Window Extension of Large Language Models":
 NTK-by-parts interpolation plus an attention temperature folded into the
 cos/sin table, as HF transformers' ``_compute_yarn_parameters``; gpt-oss) and
