@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
@@ -56,7 +57,8 @@ class EagerGraphs(cuda_graphs.DecodeGraphs):
 
 
 @pytest.fixture(scope="module",
-                params=["llama", "qwen3", "smollm3", "qwen3_moe", "gemma3", "gpt_oss"])
+                params=["llama", "qwen3", "smollm3", "qwen3_moe", "gemma3", "gpt_oss",
+                        "phi4_mini"])
 def hf_and_dir(request, tmp_path_factory):
     """A tiny Llama, a tiny Qwen3 (per-head q/k norms, weights away from 1), a
     tiny SmolLM3 (its second layer without RoPE), a tiny Qwen3-MoE (4
@@ -64,8 +66,34 @@ def hf_and_dir(request, tmp_path_factory):
     full layer, norm weights away from 0) and a tiny gpt-oss (YaRN, random
     sinks, router and expert biases); both windowed at 64, below the longest
     sequence here, so prefill and the decode graphs attend within a window
-    through two KV cache groups."""
+    through two KV cache groups. And a tiny Phi-4-mini (LongRoPE over 48 of
+    the 64 dimensions, original context 256: the engine, at max_model_len
+    1024, takes the long factors for every request, so the reference is HF
+    with its long set forced below 256 too; paternoster.model.longrope)."""
     torch.manual_seed(0)
+    if request.param == "phi4_mini":
+        from transformers import Phi3Config, Phi3ForCausalLM
+
+        gen = torch.Generator().manual_seed(5)
+        rope = {"rope_type": "longrope", "rope_theta": CONFIG["rope_theta"],
+                "partial_rotary_factor": 0.75,
+                "short_factor": (1 + torch.rand(24, generator=gen) * 0.5).tolist(),
+                "long_factor": (1 + torch.rand(24, generator=gen) * 10).sort()[0].tolist()}
+        hf = Phi3ForCausalLM(Phi3Config(
+            **{k: v for k, v in CONFIG.items() if k not in ("rope_theta", "head_dim")},
+            rope_parameters=rope, original_max_position_embeddings=256, pad_token_id=0))
+        with torch.no_grad():  # sharp attention, so that the rotation shows in the logits
+            for layer in hf.model.layers:
+                qk = (CONFIG["num_attention_heads"] + CONFIG["num_key_value_heads"]) * 64
+                layer.self_attn.qkv_proj.weight[:qk].normal_(0, 0.08)
+        hf = hf.to(torch.bfloat16)
+        d = tmp_path_factory.mktemp("tiny-phi4-mini-d64")
+        hf.save_pretrained(d)
+        ref = Phi3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        rotary = ref.model.rotary_emb
+        long_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](ref.config, seq_len=257)
+        rotary.original_inv_freq.copy_(long_freq)
+        return ref, d
     if request.param == "gemma3":
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 

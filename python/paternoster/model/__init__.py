@@ -10,11 +10,13 @@ Modules (import them directly; this package imports nothing heavy):
     moe            SparseMoeBlock: top-k routed SwiGLU experts, grouped per expert
     mixtral        MixtralForCausalLM (Mistral attention, routed experts)
     smollm3        SmolLM3ForCausalLM (no RoPE in every fourth layer)
-    phi3           Phi3ForCausalLM (fused projections in the checkpoint)
+    phi3           Phi3ForCausalLM (fused projections in the checkpoint, LongRoPE, partial rotation)
     gemma3         Gemma3ForCausalLM (four norms per layer, GeGLU, local and global RoPE)
     gpt_oss        GptOssForCausalLM (attention sinks, biased experts with a clamped SwiGLU)
     mxfp4          MXFP4 (OCP MX) dequantization of gpt-oss's expert weights
-    rope           rotary embedding tables (default, linear, llama3, yarn scaling)
+    rope           rotary embedding tables (default, linear, llama3, yarn, longrope scaling;
+                   partial rotation)
+    longrope       LongRoPE's short/long rescale factors and attention factor
     attention      AttentionMetadata and the per-layer paged-attention step
     runner         ModelRunner: model + KV cache, one forward per engine step
     cuda_graphs    DecodeGraphs: captured decode forwards for padded batch sizes (CUDA)

@@ -240,6 +240,9 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
     qkv_bias = False  # Qwen2 overrides
     attention_cls: type[LlamaAttention] = LlamaAttention  # Qwen3 overrides
     norm_cls: type[nn.Module] = RMSNorm  # the final norm (Gemma 3 overrides)
+    #: The model stores q/k in the order of a partial rotation
+    #: (:func:`~paternoster.model.rope.partial_rotation_order`; Phi-3 does).
+    partial_rotation = False
     #: Run CPU steps whose matrix multiplies all take the core's kernels (see
     #: ``_decoder_stack``) as one call into the core's decoder stack: the
     #: same kernels in the same order, without the Python per-kernel cost.
@@ -258,7 +261,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         )
         self.rotary = RotaryEmbedding(
             head_dim, max_positions or config.max_position_embeddings,
-            rope_parameters(config), dtype,
+            rope_parameters(config, partial_rotation=self.partial_rotation), dtype,
         )
         self.embed_tokens = _param(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
