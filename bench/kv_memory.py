@@ -19,7 +19,6 @@ layer). Usage::
 from __future__ import annotations
 
 import argparse
-
 import math
 
 from paternoster import _core
