@@ -397,6 +397,11 @@ def phase_correctness(report: Report, clock: Clock, device: str = "cuda",
         results[name] = check_model_path(seed0 + 500, device=device,
                                          attn_ops=None if ops is kernels else ops)
         extra.append(name)
+    if clock.left() > 60:
+        name = "hybrid model path vs HF (tiny Qwen3.5" + (", emulated)" if emulated else ")")
+        results[name] = check_hybrid_model_path(seed0 + 600, device=device,
+                                                attn_ops=None if ops is kernels else ops)
+        extra.append(name)
     for name in extra:
         print(f"[correctness] {name}: {results[name]}", flush=True)
     report.data["correctness"] = results
@@ -405,7 +410,8 @@ def phase_correctness(report: Report, clock: Clock, device: str = "cuda",
     where = ", CPU emulation" if emulated else ""
     report.row(f"kernel correctness ({len(results)} cases{where})",
                f"{len(results) - len(failed)}/{len(results)} pass, worst rel err {worst:.1e}",
-               "all pass (bf16 < 1e-2, fp16 < 5e-3)", status(not failed))
+               "all pass (kernels: bf16 < 1e-2, fp16 < 5e-3; model paths < 5e-2)",
+               status(not failed))
     for n in failed:
         report.row(f"  failed: {n}", json.dumps(results[n])[:60], "", "FAIL")
 
@@ -543,6 +549,83 @@ def check_model_path(seed: int, steps: int = 12, device: str = "cuda",
     worst = max(errs)
     return {"rel_err_per_seq": errs, "rel_err": worst, "ok": worst < 5e-2,
             "graphs": runner.graphs is not None}
+
+
+TINY_QWEN3_5 = {
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "max_position_embeddings": 1024,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"], "pad_token_id": 0,
+}  # fmt: skip
+
+
+def check_hybrid_model_path(seed: int, steps: int = 8, device: str = "cuda",
+                            attn_ops=None) -> dict:
+    """The GPU model path of a hybrid model: a tiny random Qwen3.5 (three
+    Gated DeltaNet layers, one gated attention layer with partial RoPE) on
+    ``device`` in bf16 (no CUDA graphs: the state update reads the batch on
+    the host), its state slots and blocks from the C++ KV cache manager's
+    recurrent-state group; a prefill step of five sequences (one crossing
+    the delta rule's 64-token chunk) then ``steps`` greedy decode steps,
+    against HF's float32 forward of the same bf16-rounded weights. Logits'
+    relative L2 error per sequence < 5e-2. ``device="cpu"`` with
+    ``attn_ops`` (the emulated CUDA backend) runs it on the CPU emulation."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from paternoster import _core
+    from paternoster.config import CacheConfig, ModelConfig
+    from paternoster.model.runner import ModelRunner
+
+    torch.manual_seed(seed)
+    hf = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY_QWEN3_5)).to(torch.bfloat16)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name.endswith("norm.weight") and "linear_attn" not in name:
+                param.uniform_(-0.5, 0.5)
+    bs = 16
+    with tempfile.TemporaryDirectory(prefix="pn-tiny-qwen3_5-") as model_dir:
+        hf.save_pretrained(model_dir)
+        runner = ModelRunner(
+            ModelConfig(model=model_dir, dtype="bfloat16", device=device),
+            CacheConfig(block_size=bs, num_kv_blocks=128), max_num_seqs=8,
+            max_num_batched_tokens=2048, attn_ops=attn_ops)
+        ref_model = Qwen3_5ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ref_model = ref_model.to(device).eval()
+    kv = _core.KVCacheManager(runner.num_kv_blocks, bs,
+                              sliding_windows=list(runner.kv_cache_group_windows),
+                              recurrent=list(runner.kv_cache_group_recurrent),
+                              num_state_slots=runner.num_state_slots)
+    builder = _core.BatchBuilder(kv)
+    g = torch.Generator().manual_seed(seed)
+    lens = [5, 70, 200, 17, 1]
+    seqs = [torch.randint(0, TINY_QWEN3_5["vocab_size"], (n,), generator=g).tolist()
+            for n in lens]
+    ids = np.arange(len(seqs), dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        builder.add_request(i, np.asarray(seq, np.int64))
+
+    def step(starts: list[int], counts: list[int]) -> torch.Tensor:
+        for i, (c, n) in enumerate(zip(starts, counts)):
+            assert kv.allocate_slots(i, c + n, c)
+        batch = builder.build(ids, np.asarray(starts, np.int32), np.asarray(counts, np.int32))
+        return runner.execute_model(batch)
+
+    logits = [step([0] * len(seqs), lens)]
+    for _ in range(steps):
+        tokens = logits[-1].argmax(-1).tolist()
+        for seq, tok in zip(seqs, tokens):
+            seq.append(tok)
+        builder.append_tokens(ids, np.asarray(tokens, np.int64))
+        logits.append(step([len(s) - 1 for s in seqs], [1] * len(seqs)))
+    errs = []
+    with torch.inference_mode():
+        for b, (seq, n) in enumerate(zip(seqs, lens)):
+            ref = ref_model(torch.tensor([seq], device=device)).logits[0, n - 1:].float()
+            ours = torch.stack([out[b] for out in logits]).float().to(device)
+            errs.append(float((ours - ref).norm() / ref.norm()))
+    worst = max(errs)
+    return {"rel_err_per_seq": errs, "rel_err": worst, "ok": worst < 5e-2}
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 10) -> float:

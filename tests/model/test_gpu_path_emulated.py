@@ -210,3 +210,13 @@ def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
         ours = torch.stack(logits[i]).float()
         err = float((ours - ref).norm() / ref.norm())
         assert err < 5e-2, (i, err)
+
+
+def test_hybrid_model_gpu_path_matches_hf():
+    """Qwen3.5 (Gated DeltaNet + gated attention) on the GPU path's kernels,
+    emulated: bench/gpu_check.py's own check, the one a lent GPU runs."""
+    from ..cuda.conftest import load_gpu_check
+
+    res = load_gpu_check().check_hybrid_model_path(
+        11, steps=4, device="cpu", attn_ops=kernels.emulated_cuda_backend())
+    assert res["ok"], res
