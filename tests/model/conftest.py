@@ -144,3 +144,28 @@ def stack_and_python_logits(model_dir, vocab: int) -> dict[bool, torch.Tensor]:
         logits[fused] = runner.execute_model(maker.batch(
             [Chunk(str(i), s, len(s) - 1, 1) for i, s in enumerate(seqs)]))
     return logits
+
+
+def hf_generate(hf_model, prompt: list[int], n: int) -> list[int]:
+    """HF ``generate``'s greedy ids for ``n`` new tokens (no EOS stop)."""
+    with torch.inference_mode():
+        out = hf_model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def engine_greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Greedy ids of ``n`` tokens for each prompt through ``engine`` (an
+    EngineCore), all submitted at once, stepped until done."""
+    from paternoster.sampling_params import SamplingParams
+
+    from ..engine.conftest import make_request
+
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(make_request(f"r{i}", p, params))
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id].extend(out.new_token_ids)
+    return [tokens[f"r{i}"] for i in range(len(prompts))]

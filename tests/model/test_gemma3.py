@@ -20,10 +20,8 @@ from paternoster.config import CacheConfig, EngineConfig, ModelConfig, Scheduler
 from paternoster.engine.core import EngineCore
 from paternoster.model.rope import inverse_frequencies, rope_parameters
 from paternoster.model.runner import ModelRunner
-from paternoster.sampling_params import SamplingParams
 
-from ..engine.conftest import make_request
-from .conftest import greedy_matches_hf_generate
+from .conftest import engine_greedy, greedy_matches_hf_generate, hf_generate
 from .test_tiny_models import SMALL, _compare
 
 WINDOW = 32
@@ -158,25 +156,6 @@ def _engine(path, scheduler: str, budget: int, blocks: int) -> EngineCore:
     ))
 
 
-def _run(engine: EngineCore, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """Greedy ids of ``n`` tokens for each prompt, all submitted at once."""
-    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(make_request(f"r{i}", p, params))
-    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            tokens[out.request_id].extend(out.new_token_ids)
-    return [tokens[f"r{i}"] for i in range(len(prompts))]
-
-
-def _hf_generate(hf, prompt: list[int], n: int) -> list[int]:
-    with torch.inference_mode():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize(("scheduler", "budget", "blocks"),
                          [("fcfs", 256, 64), ("chunked_prefill", 5, 64), ("fcfs", 256, 14)],
                          ids=["whole-prefill", "chunked-5", "preempting"])
@@ -187,10 +166,10 @@ def test_gemma3_engine_greedy_ids_equal_hf_generate(gemma3, scheduler, budget, b
     prompts = [torch.randint(3, SMALL["vocab_size"], (n,), generator=gen).tolist()
                for n in (1, 20, 13, 17)]
     engine = _engine(path, scheduler, budget, blocks)
-    ours = _run(engine, prompts, 10)
+    ours = engine_greedy(engine, prompts, 10)
     if blocks == 14:
         assert engine.stats()["num_preemptions_total"] > 0
-    assert ours == [_hf_generate(hf, p, 10) for p in prompts]
+    assert ours == [hf_generate(hf, p, 10) for p in prompts]
 
 
 def test_gemma3_prefix_cache_hit_gives_hf_generate_ids(gemma3):
@@ -199,11 +178,11 @@ def test_gemma3_prefix_cache_hit_gives_hf_generate_ids(gemma3):
     shared = torch.randint(3, SMALL["vocab_size"], (17,), generator=gen).tolist()  # 2 blocks
     prompts = [shared + [40, 41, 42], shared + [50]]
     engine = _engine(path, "fcfs", 256, 64)
-    first = _run(engine, prompts[:1], 8)
+    first = engine_greedy(engine, prompts[:1], 8)
     hits = engine.stats()["prefix_cache_hits"]
-    second = _run(engine, prompts[1:], 8)
+    second = engine_greedy(engine, prompts[1:], 8)
     assert engine.stats()["prefix_cache_hits"] > hits
-    assert first + second == [_hf_generate(hf, p, 8) for p in prompts]
+    assert first + second == [hf_generate(hf, p, 8) for p in prompts]
 
 
 def _with_config(path, tmp_path, change: dict):

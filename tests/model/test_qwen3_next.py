@@ -20,10 +20,8 @@ from paternoster.config import CacheConfig, EngineConfig, ModelConfig, Scheduler
 from paternoster.engine.core import EngineCore
 from paternoster.model.kv_layout import KVCacheLayout, kv_cache_layout
 from paternoster.model.runner import ModelRunner
-from paternoster.sampling_params import SamplingParams
 
-from ..engine.conftest import make_request
-from .conftest import hf_logits
+from .conftest import engine_greedy, hf_generate, hf_logits
 
 ATOL = 1e-4
 BLOCK_SIZE = 8
@@ -117,13 +115,6 @@ def test_logits_match_hf_over_chunked_prefill_and_decode(hybrid):
     assert (got - ref).abs().max().item() < ATOL
 
 
-def _hf_generate(hf, prompt: list[int], n: int) -> list[int]:
-    with torch.inference_mode():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize(("scheduler", "budget", "blocks"),
                          [("fcfs", 256, 64), ("chunked_prefill", 5, 64), ("fcfs", 256, 16)],
                          ids=["whole-prefill", "chunked-5", "preempting"])
@@ -140,18 +131,11 @@ def test_engine_greedy_ids_equal_hf_generate(hybrid, scheduler, budget, blocks):
     # 16 blocks of 8 hold three of these at once but not their growth: preemption.
     lengths = (36, 37, 38, 39) if blocks == 16 else (1, 20, 13, 90)
     prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in lengths]
-    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(make_request(f"r{i}", p, params))
-    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            tokens[out.request_id].extend(out.new_token_ids)
+    ours = engine_greedy(engine, prompts, 10)
     if blocks == 16:
         assert engine.stats()["num_preemptions_total"] > 0
     assert engine.kv_cache_manager.num_free_state_slots() == 4  # all returned
-    assert [tokens[f"r{i}"] for i in range(len(prompts))] == [_hf_generate(hf, p, 10)
-                                                              for p in prompts]
+    assert ours == [hf_generate(hf, p, 10) for p in prompts]
 
 
 def test_prefix_caching_is_turned_off_with_a_log_line(hybrid, caplog):

@@ -38,12 +38,10 @@ class LlamaWeights:
             return self, "embed_tokens", 0, self.config.vocab_size
         if name == "model.norm.weight":
             return self.norm, "weight", 0, self.config.hidden_size
-        if not name.startswith("model.layers."):
+        found = layer_name(name, len(self.layers))
+        if found is None:
             return None
-        index, _, rest = name[len("model.layers."):].partition(".")
-        if not index.isdigit() or int(index) >= len(self.layers):
-            return None
-        layer = self.layers[int(index)]
+        layer, rest = self.layers[found[0]], found[1]
         attn, mlp = layer.self_attn, layer.mlp
         q, kv, h = attn.q_size, attn.kv_size, self.config.hidden_size
         if isinstance(mlp, SparseMoeBlock) and rest.startswith(mlp.checkpoint_names[0] + "."):
@@ -224,6 +222,16 @@ class LlamaWeights:
                     rests += [f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
             names += [at + rest for rest in rests]
         return [name for name in names if name not in loaded]
+
+
+def layer_name(name: str, num_layers: int) -> tuple[int, str] | None:
+    """``model.layers.{i}.{rest}`` -> ``(i, rest)`` for ``i < num_layers``, else None."""
+    if not name.startswith("model.layers."):
+        return None
+    index, _, rest = name[len("model.layers."):].partition(".")
+    if not index.isdigit() or int(index) >= num_layers:
+        return None
+    return int(index), rest
 
 
 def _expert_target(moe: SparseMoeBlock, rest: str) -> tuple[nn.Module, str, int, int] | None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from paternoster.model.llama_weights import _expert_target
+from paternoster.model.llama_weights import _expert_target, layer_name
 
 #: (module, attribute, first row, rows, transform of the checkpoint tensor).
 Target = tuple[nn.Module, str, int, int, Callable[[torch.Tensor], torch.Tensor] | None]
@@ -112,12 +112,10 @@ class HybridWeights:
             return self, "lm_head", 0, self.config.vocab_size, None
         if name == "model.norm.weight":
             return self.norm, "weight", 0, self.config.hidden_size, None
-        if not name.startswith("model.layers."):
+        found = layer_name(name, len(self.layers))
+        if found is None:
             return None
-        index, _, rest = name[len("model.layers."):].partition(".")
-        if not index.isdigit() or int(index) >= len(self.layers):
-            return None
-        layer = self.layers[int(index)]
+        layer, rest = self.layers[found[0]], found[1]
         h = self.config.hidden_size
         if rest == "input_layernorm.weight":
             return layer.input_layernorm, "weight", 0, h, None
