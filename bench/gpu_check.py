@@ -191,6 +191,20 @@ CASES = (
          (1, 1, 1), (3, 5000, 40000), sliding_window=128, sinks=True),
     Case("decode + prefill sinks, full", torch.bfloat16, 64, 8, 64, 16, (1, 90, 1),
          (20000, 300, 7), sinks=True),
+    # Head size 256 (Gemma 3: 1B and 270M 4 query heads / 1 KV head, 4B 8 / 4):
+    # the prefill kernel's 72.6 KiB of dynamic shared memory (opted in above
+    # 48 KiB), the decode kernel's widest rows (a warp per token).
+    Case("decode gqa4 d256 split-K (Gemma 3 1B)", torch.bfloat16, 4, 1, 256, 16, (1,) * 5,
+         (0, 31, 512, 1025, 3000)),
+    Case("decode fp16 gqa8 d256 bs32", torch.float16, 16, 2, 256, 32, (1,) * 3, (1, 700, 2100)),
+    Case("prefill chunks gqa2 d256 window 512 (Gemma 3 4B)", torch.bfloat16, 8, 4, 256, 16,
+         (300, 64, 1, 40), (0, 1000, 600, 17), sliding_window=512),
+    Case("decode window 512 split-K d256", torch.bfloat16, 8, 4, 256, 16, (1, 1, 1),
+         (511, 700, 9000), sliding_window=512),
+    Case("decode + prefill sinks + window 128 d256", torch.bfloat16, 8, 2, 256, 16,
+         (1, 90, 1), (3000, 300, 7), sliding_window=128, sinks=True),
+    Case("decode + prefill sinks, full d256", torch.bfloat16, 8, 2, 256, 16, (1, 70, 1),
+         (5000, 100, 7), sinks=True),
 )  # fmt: skip
 
 

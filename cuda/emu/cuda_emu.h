@@ -13,6 +13,12 @@
 //     missing barrier between a shared-memory write and another thread's read
 //     then changes the result between seeds.
 //   - __shared__ variables are function-local statics (one block at a time).
+//     Dynamic shared memory (`extern __shared__ T name[]`, rewritten to
+//     dynamic_shared<T>()) is a buffer of the launch's smem bytes, filled with
+//     0xff bytes (NaN floats, -1 ints) before each block, as a GPU leaves it
+//     uninitialised. More than 48 KiB of it needs the kernel's
+//     cudaFuncAttributeMaxDynamicSharedMemorySize first (up to an H100's 227 KiB
+//     opt-in), else the launch fails with cudaErrorInvalidValue, as on a GPU.
 //   - Barriers count the threads that have not exited, as on Volta and later.
 //     Checked, and reported as a launch failure (cudaErrorLaunchFailure with
 //     the reason in cudaGetErrorString): a shuffle that names an exited or
@@ -24,8 +30,9 @@
 //     threads, grid y/z <= 65535, no empty grid): cudaErrorInvalidConfiguration.
 //   - Device pointers are host pointers; streams are ignored (launches are
 //     synchronous).
-// Not modelled: timing, occupancy, register or shared-memory limits, memory
-// coalescing, and data races other than those a different order exposes.
+// Not modelled: timing, occupancy, register limits, the static shared-memory
+// limit (ptxas checks it), memory coalescing, and data races other than those
+// a different order exposes.
 #pragma once
 
 // Runtime API calls of the host code, served by the emulator (emu_runtime.cc).
@@ -37,6 +44,7 @@
 #define cudaDeviceGetAttribute pn_emu_cudaDeviceGetAttribute
 #define cudaGetErrorName pn_emu_cudaGetErrorName
 #define cudaGetErrorString pn_emu_cudaGetErrorString
+#define cudaFuncSetAttribute pn_emu_cudaFuncSetAttribute
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -82,9 +90,21 @@ uint32_t shfl_xor_bits(unsigned mask, uint32_t bits, int lane_mask, int width);
 // Fails the launch from inside a kernel with `why` (never returns).
 [[noreturn]] void fault(const char* why);
 
-// Runs `body` as every thread of every block of the grid; the result is also
-// the value cudaGetLastError() reports next.
-cudaError_t run_grid(dim3 grid, dim3 block, const std::function<void()>& body);
+// Runs `body` as every thread of every block of the grid, with `shared_bytes`
+// of dynamic shared memory (checked against `kernel`'s
+// cudaFuncAttributeMaxDynamicSharedMemorySize); the result is also the value
+// cudaGetLastError() reports next.
+cudaError_t run_grid(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel,
+                     const std::function<void()>& body);
+
+// The running block's dynamic shared memory (16-byte aligned); fails the
+// launch when it has none.
+void* dynamic_shared_memory();
+
+template <typename T>
+T* dynamic_shared() {
+  return static_cast<T*>(dynamic_shared_memory());
+}
 
 // 0: threads run in index order between barriers; otherwise the seed of a
 // per-round shuffle of that order. Returns the previous seed.
@@ -102,25 +122,28 @@ void reset_stats();
 template <typename... P>
 class Launcher {
  public:
-  Launcher(void (*kernel)(P...), dim3 grid, dim3 block) : kernel_(kernel), grid_(grid), block_(block) {}
+  Launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes)
+      : kernel_(kernel), grid_(grid), block_(block), shared_bytes_(shared_bytes) {}
   template <typename... A>
   void operator()(A&&... args) const {
     static_assert(sizeof...(A) == sizeof...(P), "kernel argument count");
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);  // by value, as on a GPU
     void (*kernel)(P...) = kernel_;
-    run_grid(grid_, block_, [&params, kernel] { std::apply(kernel, params); });
+    run_grid(grid_, block_, shared_bytes_, reinterpret_cast<const void*>(kernel_),
+             [&params, kernel] { std::apply(kernel, params); });
   }
 
  private:
   void (*kernel_)(P...);
   dim3 grid_;
   dim3 block_;
+  size_t shared_bytes_;
 };
 
 template <typename... P>
-Launcher<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t /*shared_bytes*/ = 0,
+Launcher<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes = 0,
                       cudaStream_t /*stream*/ = nullptr) {
-  return Launcher<P...>(kernel, grid, block);
+  return Launcher<P...>(kernel, grid, block, shared_bytes);
 }
 
 template <typename T>
@@ -139,6 +162,14 @@ T from_bits(uint32_t b) {
 }
 
 }  // namespace pn_emu
+
+// cudaFuncSetAttribute(kernel, attr, value) of the runtime's C++ API (a
+// template nvcc alone declares) over the emulator's C function.
+template <typename... P>
+inline cudaError_t pn_emu_cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr,
+                                               int value) {
+  return pn_emu_cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
+}
 
 // Built-in variables.
 #define threadIdx (::pn_emu::current_thread->thread_idx)

@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -56,6 +59,10 @@ namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;  // per emulated thread (+ a guard page)
 constexpr int kWarpSize = 32;
+// Dynamic shared memory per block: the default limit, and the most a kernel
+// may opt in to (an H100/H200's cudaDevAttrMaxSharedMemoryPerBlockOptin).
+constexpr int kDefaultDynamicShared = 48 * 1024;
+constexpr int kMaxSharedOptin = 232448;
 
 enum class State { kRunnable, kWaitBlock, kWaitWarp, kDone };
 enum class WarpWait { kNone, kSyncwarp, kShuffle };
@@ -86,6 +93,22 @@ struct Block {
 };
 
 thread_local Block* g_block = nullptr;
+// The running launch's dynamic shared memory (16-byte units) and its size.
+struct alignas(16) Chunk16 {
+  unsigned char bytes[16];
+};
+thread_local std::vector<Chunk16> g_dynamic_shared;
+thread_local size_t g_dynamic_bytes = 0;
+// cudaFuncAttributeMaxDynamicSharedMemorySize per kernel (a device-wide
+// attribute, so shared by the host threads).
+std::mutex g_attr_mutex;
+std::unordered_map<const void*, int> g_max_dynamic_shared;
+
+int max_dynamic_shared(const void* kernel) {
+  std::lock_guard<std::mutex> lock(g_attr_mutex);
+  const auto it = g_max_dynamic_shared.find(kernel);
+  return it == g_max_dynamic_shared.end() ? kDefaultDynamicShared : it->second;
+}
 thread_local cudaError_t g_last_error = cudaSuccess;
 thread_local std::string g_last_message;
 thread_local uint64_t g_seed = 0;
@@ -267,6 +290,7 @@ const char* error_name(cudaError_t e) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     default: return "cudaErrorUnknown";
   }
@@ -275,6 +299,11 @@ const char* error_name(cudaError_t e) {
 }  // namespace
 
 void fault(const char* why) { fail(why); }
+
+void* dynamic_shared_memory() {
+  if (g_dynamic_bytes == 0) fail("dynamic shared memory used by a launch with smem = 0");
+  return g_dynamic_shared.data();
+}
 
 void syncthreads() {
   Fiber& f = self();
@@ -304,7 +333,8 @@ uint32_t shfl_xor_bits(unsigned mask, uint32_t bits, int lane_mask, int width) {
   return w.value[phase][(lane ^ lane_mask) & (kWarpSize - 1)];
 }
 
-cudaError_t run_grid(dim3 grid, dim3 block, const std::function<void()>& body) {
+cudaError_t run_grid(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel,
+                     const std::function<void()>& body) {
   ++g_stats.launches;
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 ||
@@ -322,6 +352,16 @@ cudaError_t run_grid(dim3 grid, dim3 block, const std::function<void()>& body) {
     g_last_message = "a kernel launched another kernel (not emulated)";
     return g_last_error;
   }
+  const int limit = max_dynamic_shared(kernel);
+  if (shared_bytes > static_cast<size_t>(limit)) {
+    g_last_error = cudaErrorInvalidValue;
+    g_last_message = "dynamic shared memory of " + std::to_string(shared_bytes) +
+                     " bytes exceeds the kernel's limit of " + std::to_string(limit) +
+                     " (cudaFuncAttributeMaxDynamicSharedMemorySize)";
+    return g_last_error;
+  }
+  g_dynamic_bytes = shared_bytes;
+  g_dynamic_shared.resize((shared_bytes + 15) / 16);
   Block b;
   b.body = &body;
   g_block = &b;
@@ -333,6 +373,10 @@ cudaError_t run_grid(dim3 grid, dim3 block, const std::function<void()>& body) {
     for (unsigned y = 0; y < grid.y && error.empty(); ++y) {
       for (unsigned x = 0; x < grid.x && error.empty(); ++x) {
         block_idx = make_uint3(x, y, z);
+        if (!g_dynamic_shared.empty()) {  // uninitialised, as on a GPU
+          std::memset(static_cast<void*>(g_dynamic_shared.data()), 0xff,
+                      g_dynamic_shared.size() * sizeof(Chunk16));
+        }
         ++g_stats.blocks;
         g_stats.threads += threads;
         error = run_block(b, block, rng);
@@ -340,6 +384,7 @@ cudaError_t run_grid(dim3 grid, dim3 block, const std::function<void()>& body) {
     }
   }
   g_block = nullptr;
+  g_dynamic_bytes = 0;
   if (!error.empty()) {
     g_last_error = cudaErrorLaunchFailure;
     g_last_message = "emulated kernel failed: " + error;
@@ -394,6 +439,27 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     *value = 132;
     return cudaSuccess;
   }
+  return cudaErrorInvalidValue;
+}
+
+// The attributes a launch depends on: the dynamic shared memory limit (0 ..
+// kMaxSharedOptin bytes) and the carveout hint (accepted, no effect).
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (func == nullptr) return cudaErrorInvalidDeviceFunction;
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+    if (value < 0 || value > pn_emu::kMaxSharedOptin) {
+      pn_emu::g_last_error = cudaErrorInvalidValue;
+      pn_emu::g_last_message = "cudaFuncAttributeMaxDynamicSharedMemorySize " +
+                               std::to_string(value) + " is outside 0 .. " +
+                               std::to_string(pn_emu::kMaxSharedOptin) +
+                               " bytes (the device's opt-in limit)";
+      return cudaErrorInvalidValue;
+    }
+    std::lock_guard<std::mutex> lock(pn_emu::g_attr_mutex);
+    pn_emu::g_max_dynamic_shared[func] = value;
+    return cudaSuccess;
+  }
+  if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;
   return cudaErrorInvalidValue;
 }
 

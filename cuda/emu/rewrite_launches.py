@@ -1,11 +1,15 @@
 """Rewrite CUDA launches for the CPU emulation (cuda/emu/cuda_emu.h).
 
 ``kernel<targs><<<grid, block, smem, stream>>>(args)`` becomes
-``::pn_emu::launch(kernel<targs>, grid, block, smem, stream)(args)``; nothing
-else changes, so the emulated kernels are the sources in cuda/src.
+``::pn_emu::launch(kernel<targs>, grid, block, smem, stream)(args)``, and a
+dynamic shared memory declaration ``extern __shared__ [__align__(N)] T name[];``
+becomes ``T* const name = ::pn_emu::dynamic_shared<T>();`` (the launch's
+``smem`` bytes); nothing else changes, so the emulated kernels are the sources
+in cuda/src.
 
 Usage: ``python rewrite_launches.py IN.cu OUT.cc`` (fails when IN has a
-``<<<`` the pattern does not match, so no launch is silently left out).
+``<<<`` or an ``extern __shared__`` the patterns do not match, so nothing is
+silently left out).
 """
 
 from __future__ import annotations
@@ -16,18 +20,28 @@ from pathlib import Path
 
 # A kernel name with optional template arguments (no nested <>), then <<<...>>>.
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>", re.S)
+# extern __shared__ [__align__(N)] TYPE NAME[];  (TYPE one, possibly qualified, name)
+DYNAMIC_SHARED = re.compile(
+    r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s+)?([A-Za-z_][\w:]*)\s+"
+    r"([A-Za-z_]\w*)\s*\[\s*\]\s*;")
 
 
 def rewrite(text: str) -> str:
-    """Return ``text`` with every triple-chevron launch rewritten.
+    """Return ``text`` with every triple-chevron launch and dynamic shared
+    memory declaration rewritten.
 
     Raises:
-        ValueError: a ``<<<`` remains after the rewrite.
+        ValueError: a ``<<<`` or an ``extern __shared__`` remains after the rewrite.
     """
     out = LAUNCH.sub(lambda m: f"::pn_emu::launch({m.group(1)}, {m.group(2)})", text)
-    if "<<<" in out:
-        line = out[: out.index("<<<")].count("\n") + 1
-        raise ValueError(f"a launch on line {line} does not match the rewrite pattern")
+    out = DYNAMIC_SHARED.sub(
+        lambda m: f"{m.group(1)}* const {m.group(2)} = ::pn_emu::dynamic_shared<{m.group(1)}>();",
+        out)
+    for left, what in ((r"<<<", "a launch"), (r"extern\s+__shared__", "a dynamic shared array")):
+        found = re.search(left, out)
+        if found:
+            line = out[: found.start()].count("\n") + 1
+            raise ValueError(f"{what} on line {line} does not match the rewrite pattern")
     return out
 
 

@@ -33,8 +33,9 @@ void require_aligned(const void* p, const char* name) {
 }
 
 void require_head_size(int64_t d) {
-  if (d != 64 && d != 128) {
-    fail("head_size must be 64 or 128 for the CUDA attention kernels, got " + std::to_string(d));
+  if (d != 64 && d != 128 && d != 256) {
+    fail("head_size must be 64, 128 or 256 for the CUDA attention kernels, got " +
+         std::to_string(d));
   }
 }
 

@@ -9,8 +9,9 @@
 //
 // Inside a block (128 threads = 4 warps): a token row of one kv head is D
 // contiguous elements; D/8 lanes read it with one 16-byte load each, so a warp
-// covers 32/(D/8) token rows per step and every thread keeps kUnroll loads in
-// flight. The split's tokens are processed in partitions of kPartition tokens:
+// covers 32/(D/8) token rows per step (4, 2, 1 for D = 64, 128, 256) and every
+// thread keeps kUnroll loads in flight. The split's tokens are processed in
+// partitions of kPartition tokens:
 //   1. scores s = (q . k) * scale * log2(e) for every token and query head of
 //      the partition, reduced across the D/8 lanes with shuffles, staged in
 //      shared memory;
@@ -47,8 +48,25 @@ constexpr int kMaxPartitionBlocks = kPartition / 8 + 1;
 
 // Resident blocks per SM the register allocation must allow (2 for the widest
 // GQA chunk, whose 2 x 64 accumulator and query registers would spill otherwise).
+// The same for every D: a thread owns 8 dimensions of its token rows whatever
+// D is, so its registers (GMAX x (8 accumulators + 4 packed query words) +
+// kUnroll x 4 load words) do not grow with D.
 template <int GMAX>
 constexpr int min_blocks() { return GMAX <= 4 ? 4 : 2; }
+
+// Floats of shared memory per query head: its kPartition staged scores, and
+// at the end the kWarps partial outputs of D floats each, which alias them
+// (kWarps * D = 1024 > kPartition for D = 256).
+//
+// Shared-memory budget per thread block (static, below the 48 KiB that needs
+// no opt-in): GMAX * kHeadFloats<D> * 4 bytes + ~0.6 KiB (block ids, per-warp
+// maxima and sums): D = 64 / 128: 2 KiB per head, 16.6 KiB at GMAX = 8;
+// D = 256: 4 KiB per head, 32.6 KiB at GMAX = 8, so an H100/H200 SM (228 KiB)
+// holds 6 such blocks, more than the registers allow (4 at GMAX <= 4, 2 at
+// GMAX = 8, 128 threads each). ptxas (CUDA 13.0, sm_90, -O3) registers at
+// GMAX = 1 / 2 / 4 / 8: 95-114 / 110 / 128 / 231-234 for every D, no spills.
+template <int D>
+constexpr int kHeadFloats = kPartition > kWarps * D ? kPartition : kWarps * D;
 
 // q . k for 8 dimensions: q packed 16-bit, k unpacked, fp32 accumulation.
 template <typename T>
@@ -73,10 +91,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<GMAX>())
   constexpr int LPT = D / 8;          // lanes per token row
   constexpr int TPW = 32 / LPT;       // token rows per warp and step
   constexpr int ROWS = kWarps * TPW;  // token rows per block and step
-  static_assert(kWarps * D <= kPartition, "the reduction buffer aliases the scores");
+  static_assert(D % 8 == 0 && 32 % LPT == 0, "a token row is 16-byte chunks of one warp");
+  static_assert(kWarps * D <= kHeadFloats<D>, "the reduction buffer aliases the scores");
 
-  // [GMAX][kPartition]; then [kWarps][GMAX][D] (float4 accesses: 16-byte aligned)
-  __shared__ __align__(16) float scores[GMAX * kPartition];
+  // [GMAX][kPartition] (row stride kPartition); then [kWarps][GMAX][D]
+  // (float4 accesses: 16-byte aligned)
+  __shared__ __align__(16) float scores[GMAX * kHeadFloats<D>];
   __shared__ int blocks[kMaxPartitionBlocks];
   __shared__ float red_max[kWarps][GMAX];
   __shared__ float red_sum[kWarps][GMAX];
@@ -406,8 +426,11 @@ cudaError_t launch_gmax(const DecodeParams& p, int gmax, int num_seqs, int num_k
 template <typename T>
 cudaError_t launch_dim(const DecodeParams& p, int head_size, int gmax, int num_seqs,
                        int num_kv_heads, cudaStream_t stream) {
-  if (head_size == 64) return launch_gmax<T, 64>(p, gmax, num_seqs, num_kv_heads, stream);
-  return launch_gmax<T, 128>(p, gmax, num_seqs, num_kv_heads, stream);
+  switch (head_size) {
+    case 64: return launch_gmax<T, 64>(p, gmax, num_seqs, num_kv_heads, stream);
+    case 128: return launch_gmax<T, 128>(p, gmax, num_seqs, num_kv_heads, stream);
+    default: return launch_gmax<T, 256>(p, gmax, num_seqs, num_kv_heads, stream);
+  }
 }
 
 }  // namespace

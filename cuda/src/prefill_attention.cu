@@ -20,6 +20,23 @@
 // Shared memory rows of Q and K are padded by one 32-bit word, so the 8 lanes
 // that read different keys (or the 4 row groups of a warp that read different
 // query rows) hit different banks.
+//
+// Budget (one tiling for D = 64, 128 and 256: 64 rows x 32 keys, 128 threads).
+// Shared memory, dynamic (PrefillSmem below): Q 64 x (D/2 + 1) words, K 32 x
+// (D/2 + 1) words, V 32 x D/2 words, P 64 x 33 floats:
+//   D =  64: 24.6 KiB   D = 128: 40.6 KiB   D = 256: 72.6 KiB (74,368 bytes).
+// Above 48 KiB a kernel must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize,
+// set by the launcher): an H100/H200 allows 227 KiB per block and holds 3 such
+// blocks per SM (228 KiB), an A100 (sm_80, 163 KiB per block) 2.
+// Registers per thread: the 4 x D/8 fp32 output accumulators (32 / 64 / 128
+// registers) dominate. ptxas (CUDA 13.0, sm_90, -O3): 95 / 127 / 211
+// registers for D = 64 / 128 / 256, no spills; at D = 256 that is 2 blocks
+// (8 warps) per SM (65536 registers / (128 threads x 216 allocated)), fewer
+// than the shared memory allows. A cap of 168 registers (3 blocks,
+// __launch_bounds__(kThreads, 3)) spills 208 bytes per thread, so none is set.
+// Keys per tile stay 32 for every D: 16 would save 20 KiB of shared memory at
+// D = 256 but no occupancy (the registers bound it) and double the barriers
+// per key.
 #include <cfloat>
 
 #include "common.cuh"
@@ -34,18 +51,39 @@ constexpr int kThreads = 128;
 constexpr int kRows = 64;  // (query token, head) rows per block
 constexpr int kKeys = 32;  // keys per tile
 static_assert(kThreads == 2 * kRows, "thread (rg, kg) layout: 16 row groups x 8 key groups");
+// Dynamic shared memory a kernel may use without opting in.
+constexpr int kDefaultSmemBytes = 48 * 1024;
+
+// The dynamic shared memory of a thread block for head size D, in 32-bit
+// words: V first (16-byte stores), then Q, K (padded rows) and P.
+template <int D>
+struct PrefillSmem {
+  static constexpr int QW = D / 2 + 1;  // 32-bit words per padded Q / K row
+  static constexpr int VW = D / 2;      // words per V row
+  static constexpr int PW = kKeys + 1;  // floats per padded P row
+  static constexpr int kV = 0;
+  static constexpr int kQ = kV + kKeys * VW;
+  static constexpr int kK = kQ + kRows * QW;
+  static constexpr int kP = kK + kKeys * QW;
+  static constexpr int kWords = kP + kRows * PW;
+  static constexpr int kBytes = kWords * 4;
+  static_assert(D % 16 == 0, "8 key groups x 16-byte chunks of a row");
+  static_assert(kBytes <= 227 * 1024, "fits an H100/H200 thread block (227 KiB opt-in)");
+};
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PrefillParams p) {
-  constexpr int QW = D / 2 + 1;   // 32-bit words per padded Q / K row
-  constexpr int VW = D / 2;       // words per V row
-  constexpr int PW = kKeys + 1;   // floats per padded P row
+  using Smem = PrefillSmem<D>;
+  constexpr int QW = Smem::QW;
+  constexpr int VW = Smem::VW;
+  constexpr int PW = Smem::PW;
   constexpr int OW = D / 16;      // output word pairs per thread (2 dims each)
   constexpr int CPR = D / 8;      // 16-byte chunks per row
-  __shared__ uint32_t q_s[kRows * QW];
-  __shared__ uint32_t k_s[kKeys * QW];
-  __shared__ __align__(16) uint32_t v_s[kKeys * VW];
-  __shared__ float p_s[kRows * PW];
+  extern __shared__ __align__(16) uint32_t smem[];  // Smem::kBytes, see the launcher
+  uint32_t* const v_s = smem + Smem::kV;                          // [kKeys][VW]
+  uint32_t* const q_s = smem + Smem::kQ;                          // [kRows][QW]
+  uint32_t* const k_s = smem + Smem::kK;                          // [kKeys][QW]
+  float* const p_s = reinterpret_cast<float*>(smem + Smem::kP);  // [kRows][PW]
 
   const int b = blockIdx.y;
   const int kvh = blockIdx.z / p.head_chunks;
@@ -229,17 +267,28 @@ cudaError_t launch_typed(const PrefillParams& p, int num_seqs, int num_kv_heads,
                          int max_query_len, cudaStream_t stream) {
   const dim3 grid((max_query_len + p.tile_tokens - 1) / p.tile_tokens, num_seqs,
                   num_kv_heads * p.head_chunks);
-  paged_prefill_kernel<T, D><<<grid, kThreads, 0, stream>>>(p);
+  constexpr int bytes = PrefillSmem<D>::kBytes;
+  if (bytes > kDefaultSmemBytes) {
+    // The opt-in is a per-device function attribute, so it is set on every
+    // launch, as FlashAttention's launchers do (a host-side call that
+    // enqueues nothing; the decode graphs never get here: max_query_len 1
+    // launches no prefill).
+    const cudaError_t err = cudaFuncSetAttribute(
+        paged_prefill_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return err;
+  }
+  paged_prefill_kernel<T, D><<<grid, kThreads, bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_dim(const PrefillParams& p, int head_size, int num_seqs, int num_kv_heads,
                        int max_query_len, cudaStream_t stream) {
-  if (head_size == 64) {
-    return launch_typed<T, 64>(p, num_seqs, num_kv_heads, max_query_len, stream);
+  switch (head_size) {
+    case 64: return launch_typed<T, 64>(p, num_seqs, num_kv_heads, max_query_len, stream);
+    case 128: return launch_typed<T, 128>(p, num_seqs, num_kv_heads, max_query_len, stream);
+    default: return launch_typed<T, 256>(p, num_seqs, num_kv_heads, max_query_len, stream);
   }
-  return launch_typed<T, 128>(p, num_seqs, num_kv_heads, max_query_len, stream);
 }
 
 }  // namespace

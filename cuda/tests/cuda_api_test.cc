@@ -141,6 +141,22 @@ TEST(CudaPagedAttention, CheckMatchesTheLauncher) {
   EXPECT_THROW(pc::check_paged_attention_args(a), std::invalid_argument);
 }
 
+TEST(CudaPagedAttention, TakesHeadSizes64To256) {
+  for (int64_t d : {64, 128, 256}) {
+    auto a = decode_args();
+    a.head_size = d;
+    EXPECT_NO_THROW(pc::check_paged_attention_args(a)) << "head size " << d;
+  }
+  auto a = decode_args();
+  a.head_size = 512;
+  EXPECT_THROW(pc::check_paged_attention_args(a), std::invalid_argument);
+  // Gemma 3 1B's shapes (4 query heads, 1 kv head): a long context splits,
+  // each split holding D + 2 floats per (sequence, head).
+  const int64_t z = pc::decode_num_splits(8, 4, 1, 32768, 132);
+  ASSERT_GT(z, 1);
+  EXPECT_GE(pc::decode_workspace_bytes(8, 4, 1, 256, 32768, 132), 8 * 4 * z * (256 + 2) * 4);
+}
+
 TEST(CudaPagedAttention, EmptyBatchLaunchesNothing) {
   auto a = decode_args();
   a.num_seqs = 0;

@@ -57,7 +57,7 @@ def paged_attention(
     (``sliding_window`` W > 0: each query sees its last W positions; blocks
     wholly before the first query's window are not read; ``sinks``: device
     address of float32 ``[num_heads]`` attention-sink logits, 0 = none); head size
-    64 or 128, block size a power of two >= 8, 16-byte aligned pointers,
+    64, 128 or 256, block size a power of two >= 8, 16-byte aligned pointers,
     strides (0 = dense) multiples of 8 elements. ``max_query_len`` (0 = T) and
     ``max_seq_len`` (0 = max_blocks_per_seq * block_size) are upper bounds;
     ``max_query_len == 1`` runs only the decode kernel. ``workspace`` (16-byte

@@ -52,7 +52,7 @@ def test_the_extension_counts_the_gpus_torch_sees(cuda_ops):
 
 
 def test_unsupported_sizes_are_value_errors_before_any_cuda_call(cuda_ops):
-    with pytest.raises(ValueError, match="head_size must be 64 or 128"):
+    with pytest.raises(ValueError, match="head_size must be 64, 128 or 256"):
         cuda_ops.paged_attention(**_attention_args(cuda_ops, head_size=96))
     args = _attention_args(cuda_ops)
     args["block_size"] = 12

@@ -86,10 +86,31 @@ def test_default_hints_launch_both_kernels(backend):
                                       kernel_hints=False))
 
 
+def test_head_size_256_splits_the_decode_and_runs_the_prefill(backend):
+    """Gemma 3's head size: the decode of a 3000-token context splits (one
+    warp per token row; the reduction runs 256 threads), and the prefill
+    kernel's 72.6 KiB of dynamic shared memory launches (the emulation refuses
+    more than 48 KiB without the opt-in, as a GPU does)."""
+    case = next(c for c in gc.CASES if c.name.startswith("decode gqa4 d256 split-K"))
+    assert backend.module.decode_num_splits(5, 4, 1, 3001, 132) == 24
+    assert_ok(check_attention_case(case, "cpu", seed=13, ops_module=backend))
+    # decode grid: 1 kv head x 5 sequences x 24 splits, + 5 x 4 reduction blocks
+    assert backend.module.emu_stats()["blocks"] == 5 * 24 + 5 * 4
+    prefill = gc.Case("prefill d256", torch.bfloat16, 4, 1, 256, 16, (70, 1), (40, 300))
+    backend.module.emu_stats(True)
+    assert_ok(check_attention_case(prefill, "cpu", seed=14, ops_module=backend))
+    # decode grid (2 sequences, 3 splits of 301 tokens), its reduction (2 x 4),
+    # prefill grid: ceil(70 / 16) tiles x 2 sequences x 1 kv head
+    assert backend.module.emu_stats()["launches"] == 3
+    assert backend.module.emu_stats()["blocks"] == 2 * 3 + 2 * 4 + 5 * 2
+
+
 SHUFFLED = (
     gc.Case("decode split-K gqa4", torch.bfloat16, 8, 2, 128, 16, (1, 1, 1), (1, 300, 1200)),
     gc.Case("prefill over context gqa4", torch.bfloat16, 8, 2, 128, 16, (37, 5), (100, 17)),
     CASES[9],
+    gc.Case("prefill + split-K decode d256", torch.bfloat16, 4, 2, 256, 16, (37, 1, 5),
+            (100, 1500, 17)),
 )
 
 
@@ -169,7 +190,7 @@ def test_unsupported_head_size_is_a_value_error(backend):
     q = torch.zeros(1, 2, 96, dtype=torch.bfloat16)
     cache = torch.zeros(1, 16, 2, 96, dtype=torch.bfloat16)
     idx = torch.zeros(1, 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="head_size must be 64 or 128"):
+    with pytest.raises(ValueError, match="head_size must be 64, 128 or 256"):
         backend.paged_attention(q, cache, cache, idx, torch.ones(1, dtype=torch.int32),
                                 torch.tensor([0, 1], dtype=torch.int32), 0.1)
 
@@ -253,7 +274,7 @@ def test_unchecked_emulation_has_the_gpu_semantics_for_slots():
 
 
 def test_workspace_sizes_are_refused_like_the_kernels_refuse_them(backend):
-    with pytest.raises(ValueError, match="head_size must be 64 or 128"):
+    with pytest.raises(ValueError, match="head_size must be 64, 128 or 256"):
         backend.alloc_decode_workspace("cpu", 8, 32, 8, 96, 4096)
     with pytest.raises(ValueError, match="max_num_seqs must be <= 65535"):
         backend.alloc_decode_workspace("cpu", 100_000, 32, 8, 128, 4096)

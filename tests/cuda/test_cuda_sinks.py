@@ -54,32 +54,35 @@ def mixed_sinks(num_heads, gen_seed=0):
     return sinks
 
 
+@pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("window", [0, 7])
-def test_decode_with_sinks(place, window):  # noqa: F811
+def test_decode_with_sinks(place, window, d):  # noqa: F811
     """One split per sequence: the sink enters in the decode kernel's epilogue."""
-    case = make_case([1, 1, 1, 1], [0, 9, 100, 60], 8, 2, 64, 16, torch.bfloat16, window)
+    case = make_case([1, 1, 1, 1], [0, 9, 100, 60], 8, 2, d, 16, torch.bfloat16, window)
     sinks = mixed_sinks(8)
     out = run(place, case, sinks, window)
     assert_matches_reference(out, case, sinks, window)
     assert out[:, ::3].float().abs().max() < 1e-6
 
 
+@pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("window", [0, 1100])
-def test_split_k_decode_with_sinks(place, window):  # noqa: F811
+def test_split_k_decode_with_sinks(place, window, d):  # noqa: F811
     """A 3000-token decode split across thread blocks: the reduction adds the
     sink to the merged maximum and total."""
-    case = make_case([1, 1], [3000, 200], 32, 8, 128, 16, torch.float16, window, seed=1)
+    case = make_case([1, 1], [3000, 200], 32, 8, d, 16, torch.float16, window, seed=1)
     sinks = mixed_sinks(32, 1)
     out = run(place, case, sinks, window)
     assert_matches_reference(out, case, sinks, window)
     assert out[:, ::3].float().abs().max() < 1e-6
 
 
+@pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("window", [0, 16])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4), (16, 1)])
-def test_prefill_chunks_with_sinks(place, window, heads):  # noqa: F811
+def test_prefill_chunks_with_sinks(place, window, heads, d):  # noqa: F811
     """A prompt and chunks over cached context with decodes in the same call."""
-    case = make_case([70, 1, 40, 9], [0, 130, 90, 33], *heads, 64, 8, torch.bfloat16, window,
+    case = make_case([70, 1, 40, 9], [0, 130, 90, 33], *heads, d, 8, torch.bfloat16, window,
                      seed=3 + window)
     sinks = mixed_sinks(heads[0], 2)
     out = run(place, case, sinks, window)
@@ -87,11 +90,12 @@ def test_prefill_chunks_with_sinks(place, window, heads):  # noqa: F811
     assert out[:, ::3].float().abs().max() < 1e-6
 
 
+@pytest.mark.parametrize("d", [128, 256])
 @pytest.mark.parametrize("sink", [float("-inf"), -1e30])
-def test_very_negative_sinks_are_no_sinks(place, sink):  # noqa: F811
+def test_very_negative_sinks_are_no_sinks(place, sink, d):  # noqa: F811
     """exp2(sink - max) is 0: the same bits as no sinks on every path (decode,
     split-K decode, prefill)."""
-    case = make_case([33, 1, 1, 5], [0, 150, 2000, 60], 8, 2, 128, 16, torch.bfloat16, 0,
+    case = make_case([33, 1, 1, 5], [0, 150, 2000, 60], 8, 2, d, 16, torch.bfloat16, 0,
                      seed=4)
     sinks = torch.full((8,), sink)
     assert torch.equal(run(place, case, sinks), run(place, case, None))

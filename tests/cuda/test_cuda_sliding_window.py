@@ -85,36 +85,43 @@ def assert_matches_reference(out, case, window):
     assert err < TOLERANCE[out.dtype], float(err)
 
 
+@pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("window", [1, 7, 16, 45])
-def test_decode_with_window(place, window):
+def test_decode_with_window(place, window, d):
     """Decodes of short and long contexts (block size 16, GQA 4): W below,
-    equal to and not a multiple of the block size."""
-    case = make_case([1, 1, 1, 1], [0, 9, 300, 1000], 8, 2, 64, 16, torch.bfloat16, window)
+    equal to and not a multiple of the block size; head sizes 64 and 256
+    (Gemma 3)."""
+    case = make_case([1, 1, 1, 1], [0, 9, 300, 1000], 8, 2, d, 16, torch.bfloat16, window)
     assert_matches_reference(run(place, case, window), case, window)
 
 
-def test_decode_split_k_inside_the_window(place):
+@pytest.mark.parametrize("d", [128, 256])
+def test_decode_split_k_inside_the_window(place, d):
     """W = 1100 over a 3000-token context: the window is split across thread
     blocks (decode_num_splits of a 1100-token context) and merged."""
-    case = make_case([1, 1], [3000, 200], 32, 8, 128, 16, torch.float16, 1100, seed=1)
+    case = make_case([1, 1], [3000, 200], 32, 8, d, 16, torch.float16, 1100, seed=1)
     assert_matches_reference(run(place, case, 1100), case, 1100)
 
 
+@pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("window", [3, 16, 50])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4), (16, 1)])
-def test_prefill_chunks_with_window(place, window, heads):
+def test_prefill_chunks_with_window(place, window, heads, d):
     """A prompt longer than the window and chunks over cached context whose
-    window boundary falls inside the chunk, with decodes in the same call."""
-    case = make_case([70, 1, 40, 9], [0, 130, 90, 33], *heads, 64, 8, torch.bfloat16, window,
+    window boundary falls inside the chunk, with decodes in the same call;
+    head sizes 64 and 256 (the prefill kernel's dynamic shared memory above
+    48 KiB)."""
+    case = make_case([70, 1, 40, 9], [0, 130, 90, 33], *heads, d, 8, torch.bfloat16, window,
                      seed=window)
     assert_matches_reference(run(place, case, window), case, window)
 
 
+@pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("window", [5, 40])
-def test_out_of_window_blocks_are_not_read(place, window):
+def test_out_of_window_blocks_are_not_read(place, window, d):
     """Out-of-window entries point at a block of NaNs: nothing of it may
     reach the output (a masked key read would give 0 * NaN)."""
-    case = make_case([1, 1, 30, 12], [250, 77, 64, 100], 8, 2, 64, 16, torch.bfloat16, window,
+    case = make_case([1, 1, 30, 12], [250, 77, 64, 100], 8, 2, d, 16, torch.bfloat16, window,
                      seed=6, freed=None)
     assert_matches_reference(run(place, case, window), case, window)
 
@@ -160,10 +167,11 @@ def test_blocks_in_the_window_are_still_checked():
                                        backend.module.DType.bfloat16, 0, 0, 132, 0, 0, -1)
 
 
-def test_shuffled_thread_orders_give_identical_results_with_window():
+@pytest.mark.parametrize("d", [128, 256])
+def test_shuffled_thread_orders_give_identical_results_with_window(d):
     if not kernels.cuda_emulation_available():
         pytest.skip("paternoster._cuda_emu not built")
-    case = make_case([37, 1, 1], [100, 700, 20], 8, 2, 128, 16, torch.bfloat16, 150, seed=5)
+    case = make_case([37, 1, 1], [100, 700, 20], 8, 2, d, 16, torch.bfloat16, 150, seed=5)
     outs = [kernels.emulated_cuda_backend(schedule_seed=s).paged_attention(
         **case, sliding_window=150, max_seq_len=800) for s in (0, 1, 0x9E3779B97F4A7C15)]
     assert all(torch.equal(outs[0], o) for o in outs[1:])

@@ -1,6 +1,7 @@
 """cuda/emu/rewrite_launches.py: triple-chevron launches become calls of the
-emulator's launcher, nothing else changes, and a launch the pattern misses is
-an error instead of a kernel silently left out of the emulation."""
+emulator's launcher, dynamic shared arrays its per-launch buffer, nothing else
+changes, and a launch or array the patterns miss is an error instead of a
+kernel silently left out of the emulation."""
 
 from __future__ import annotations
 
@@ -45,7 +46,20 @@ def test_unmatched_launch_is_an_error():
 def test_every_kernel_source_rewrites(tmp_path):
     for cu in sorted((_PATH.parents[1] / "src").glob("*.cu")):
         out = rw.rewrite(cu.read_text())
-        assert "<<<" not in out
+        assert "<<<" not in out and "extern __shared__" not in out
         assert out.count("\n") == cu.read_text().count("\n")
     assert rw.main(["x", str(cu), str(tmp_path / "o.cc")]) == 0
     assert (tmp_path / "o.cc").read_text().startswith(f'#line 1 "{cu}"\n')
+
+
+def test_dynamic_shared_memory_becomes_the_launch_buffer():
+    src = ("  extern __shared__ __align__(16) uint32_t smem[];  // bytes\n"
+           "  extern __shared__ float red[ ];\n")
+    assert rw.rewrite(src) == (
+        "  uint32_t* const smem = ::pn_emu::dynamic_shared<uint32_t>();  // bytes\n"
+        "  float* const red = ::pn_emu::dynamic_shared<float>();\n")
+
+
+def test_unmatched_dynamic_shared_memory_is_an_error():
+    with pytest.raises(ValueError, match="dynamic shared array on line 2"):
+        rw.rewrite("ok();\nextern __shared__ unsigned char raw[64];\n")

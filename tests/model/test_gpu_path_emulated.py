@@ -26,7 +26,8 @@ from .conftest import BatchMaker, Chunk, hf_logits
 pytestmark = pytest.mark.skipif(not kernels.cuda_emulation_available(),
                                 reason="paternoster._cuda_emu not built (needs the CUDA toolkit)")
 
-# Head size 64 (the kernels take 64 or 128), GQA 4:1, 2 layers.
+# Head size 64 (Gemma 3 also at its released 256; the kernels take 64, 128 and 256),
+# GQA 4:1, 2 layers.
 CONFIG = dict(vocab_size=256, hidden_size=256, intermediate_size=384, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=1, head_dim=64,
               max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -57,19 +58,20 @@ class EagerGraphs(cuda_graphs.DecodeGraphs):
 
 
 @pytest.fixture(scope="module",
-                params=["llama", "qwen3", "smollm3", "qwen3_moe", "gemma3", "gpt_oss",
-                        "phi4_mini"])
+                params=["llama", "qwen3", "smollm3", "qwen3_moe", "gemma3", "gemma3_d256",
+                        "gpt_oss", "phi4_mini"])
 def hf_and_dir(request, tmp_path_factory):
     """A tiny Llama, a tiny Qwen3 (per-head q/k norms, weights away from 1), a
     tiny SmolLM3 (its second layer without RoPE), a tiny Qwen3-MoE (4
     experts, 2 per token, a random router) and a tiny Gemma 3 (a sliding and a
-    full layer, norm weights away from 0) and a tiny gpt-oss (YaRN, random
-    sinks, router and expert biases); both windowed at 64, below the longest
-    sequence here, so prefill and the decode graphs attend within a window
-    through two KV cache groups. And a tiny Phi-4-mini (LongRoPE over 48 of
-    the 64 dimensions, original context 256: the engine, at max_model_len
-    1024, takes the long factors for every request, so the reference is HF
-    with its long set forced below 256 too; paternoster.model.longrope)."""
+    full layer, norm weights away from 0; at head size 64 and at the released
+    checkpoints' 256) and a tiny gpt-oss (YaRN, random sinks, router and
+    expert biases); both windowed at 64, below the longest sequence here, so
+    prefill and the decode graphs attend within a window through two KV cache
+    groups. And a tiny Phi-4-mini (LongRoPE over 48 of the 64 dimensions,
+    original context 256: the engine, at max_model_len 1024, takes the long
+    factors for every request, so the reference is HF with its long set
+    forced below 256 too; paternoster.model.longrope)."""
     torch.manual_seed(0)
     if request.param == "phi4_mini":
         from transformers import Phi3Config, Phi3ForCausalLM
@@ -94,12 +96,14 @@ def hf_and_dir(request, tmp_path_factory):
         long_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](ref.config, seq_len=257)
         rotary.original_inv_freq.copy_(long_freq)
         return ref, d
-    if request.param == "gemma3":
+    if request.param.startswith("gemma3"):
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
+        head_dim = 256 if request.param == "gemma3_d256" else CONFIG["head_dim"]
         hf = Gemma3ForCausalLM(Gemma3TextConfig(
-            **CONFIG, sliding_window=64, layer_types=["sliding_attention", "full_attention"],
-            query_pre_attn_scalar=48, rope_local_base_freq=100.0, pad_token_id=0))
+            **{**CONFIG, "head_dim": head_dim}, sliding_window=64,
+            layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=48,
+            rope_local_base_freq=100.0, pad_token_id=0))
         with torch.no_grad():
             for name, param in hf.named_parameters():
                 if name.endswith("norm.weight"):
@@ -145,7 +149,7 @@ def hf_and_dir(request, tmp_path_factory):
                 layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                 layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     hf = hf.to(torch.bfloat16)
-    d = tmp_path_factory.mktemp(f"tiny-{request.param}-d64")
+    d = tmp_path_factory.mktemp(f"tiny-{request.param}-d{hf.config.head_dim}")
     hf.save_pretrained(d)
     # The reference reloaded in float32: ``hf.float()`` would keep the RoPE
     # frequency buffers rounded to bfloat16 (off by 6 % at 300 tokens for Gemma 3).
@@ -161,8 +165,9 @@ def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
                          attn_ops=backend, max_num_seqs=8)
     runner._kernel_hints = True
     runner.workspace = backend.alloc_decode_workspace(
-        "cpu", 8, CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], 64,
-        runner.max_model_len)
+        "cpu", 8, CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"],
+        hf.config.head_dim, runner.max_model_len)
+    assert runner.head_dim == hf.config.head_dim
     assert runner.workspace is not None  # one sequence's long context splits
     # Models with several KV cache groups (Gemma 3's sliding and full layers)
     # get a static slot mapping and block table per group.

@@ -1,7 +1,8 @@
 // Tests of the CUDA emulation itself (cuda/emu): barriers, shuffles, built-in
-// variables and launch checks behave as the CUDA C++ Programming Guide says,
-// and the faults it promises to report are reported. The kernels here are
-// written for the emulator (::pn_emu::launch instead of <<<>>>).
+// variables, dynamic shared memory and launch checks behave as the CUDA C++
+// Programming Guide says, and the faults it promises to report are reported.
+// The kernels here are written for the emulator (::pn_emu::launch instead of
+// <<<>>>, dynamic_shared<T>() instead of extern __shared__).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -207,6 +208,70 @@ TEST(CudaEmu, ChecksTheLaunchConfiguration) {
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   ::pn_emu::launch(write_indices, dim3(2), dim3(32))(out.data());
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Reverses each block's slice through dynamic shared memory (the launch's
+// smem bytes; `extern __shared__ float buf[]` in a .cu file), and records
+// what a thread read before anything was written (uninitialised, as on a GPU).
+__global__ void reverse_dynamic(const float* in, float* out, uint32_t* first_word) {
+  float* buf = ::pn_emu::dynamic_shared<float>();
+  const int t = threadIdx.x;
+  const int n = blockDim.x;
+  if (t == 0) {
+    uint32_t w;
+    __builtin_memcpy(&w, buf + n - 1, 4);
+    first_word[blockIdx.x] = w;
+  }
+  __syncthreads();
+  buf[t] = in[blockIdx.x * n + t];
+  __syncthreads();
+  out[blockIdx.x * n + t] = buf[n - 1 - t];
+}
+
+TEST(CudaEmu, DynamicSharedMemoryIsPerBlockAndUninitialised) {
+  const int blocks = 3, threads = 64;
+  std::vector<float> in(blocks * threads), out(blocks * threads);
+  std::vector<uint32_t> first(blocks, 0);
+  for (int i = 0; i < blocks * threads; ++i) in[i] = static_cast<float>(i);
+  ::pn_emu::launch(reverse_dynamic, blocks, threads, threads * sizeof(float))(
+      in.data(), out.data(), first.data());
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (int b = 0; b < blocks; ++b) {
+    EXPECT_EQ(first[b], 0xffffffffu) << "block " << b;  // not the previous block's data
+    for (int t = 0; t < threads; ++t) {
+      EXPECT_EQ(out[b * threads + t], in[b * threads + threads - 1 - t]);
+    }
+  }
+}
+
+TEST(CudaEmu, DynamicSharedMemoryAbove48KbNeedsTheOptIn) {
+  const int threads = 32;
+  std::vector<float> in(threads), out(threads);
+  std::vector<uint32_t> first(1);
+  const size_t big = 64 * 1024;
+  ::pn_emu::launch(reverse_dynamic, 1, threads, big)(in.data(), out.data(), first.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_NE(std::string(cudaGetErrorString(cudaErrorInvalidValue)).find("65536 bytes"),
+            std::string::npos);
+  // More than an H100 allows per block is refused; the opt-in itself then works.
+  EXPECT_EQ(cudaFuncSetAttribute(reverse_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 300 * 1024),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  ASSERT_EQ(cudaFuncSetAttribute(reverse_dynamic, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(big)),
+            cudaSuccess);
+  ::pn_emu::launch(reverse_dynamic, 1, threads, big)(in.data(), out.data(), first.data());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  ::pn_emu::launch(reverse_dynamic, 1, threads, big + 4)(in.data(), out.data(), first.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+}
+
+TEST(CudaEmu, ReportsDynamicSharedMemoryWithoutSmemBytes) {
+  std::vector<float> in(32), out(32);
+  std::vector<uint32_t> first(1);
+  ::pn_emu::launch(reverse_dynamic, 1, 32)(in.data(), out.data(), first.data());
+  expect_launch_failure("smem = 0");
 }
 
 TEST(CudaEmu, CountsWhatRan) {

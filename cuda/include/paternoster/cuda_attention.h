@@ -27,8 +27,9 @@
 //
 // Element types: float16 and bfloat16 (fp32 accumulation). float32 is not
 // supported on the GPU (serving runs in 16-bit; the CPU kernels cover fp32).
-// Head sizes: 64 and 128. Block sizes: powers of two >= 8 (16 and 32 are the
-// tested ones). Every pointer 16-byte aligned, strides multiples of 8 elements.
+// Head sizes: 64, 128 and 256 (Gemma 3). Block sizes: powers of two >= 8 (16
+// and 32 are the tested ones). Every pointer 16-byte aligned, strides
+// multiples of 8 elements.
 //
 // Device arrays are never read on the host (no synchronisation), so every
 // launcher is usable under CUDA graph capture: nothing is allocated, and the
@@ -101,7 +102,7 @@ struct PagedAttentionArgs {
   int64_t num_seqs = 0;            // B (<= 65535)
   int64_t num_heads = 0;           // Hq, a multiple of Hkv
   int64_t num_kv_heads = 0;        // Hkv
-  int64_t head_size = 0;           // D: 64 or 128
+  int64_t head_size = 0;           // D: 64, 128 or 256
   int64_t num_blocks = 0;          // cache's first dimension
   int64_t block_size = 0;          // power of two >= 8
   int64_t max_blocks_per_seq = 0;  // block_tables' second dimension
@@ -149,7 +150,10 @@ struct PagedAttentionArgs {
 //    entry is <= 0 is written as zeros (padding rows of a CUDA graph batch).
 //  - Sequences with q_len > 1 (prompts, prefill chunks over cached context)
 //    run the prefill kernel: tiles of 64 (query token x head) rows against
-//    tiles of 32 keys with an online softmax.
+//    tiles of 32 keys with an online softmax (at D = 256 with 72.6 KiB of
+//    dynamic shared memory per thread block, which the launcher opts in to:
+//    sm_70, sm_80 and later allow it, sm_75's 64 KiB does not and the
+//    launch returns cudaErrorInvalidValue).
 //  - Rows of sequences with q_len == 0, and rows outside [qsl[0], qsl[B]),
 //    are left untouched.
 // Throws std::invalid_argument for null pointers, unsupported head size,
@@ -175,7 +179,7 @@ int64_t decode_num_splits(int64_t num_seqs, int64_t num_heads, int64_t num_kv_he
 // outputs, maxima and sums in float32), 0 when no batch splits. Allocate it
 // once per (max batch, max context) and reuse it, also under graph capture.
 // Throws std::invalid_argument for non-positive sizes, a head size other than
-// 64 or 128, or more than 65535 sequences (what paged_attention() refuses).
+// 64, 128 or 256, or more than 65535 sequences (what paged_attention() refuses).
 int64_t decode_workspace_bytes(int64_t max_num_seqs, int64_t num_heads, int64_t num_kv_heads,
                                int64_t head_size, int64_t max_seq_len, int64_t num_sms);
 

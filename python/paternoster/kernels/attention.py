@@ -63,7 +63,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     CPU: the C++ core on ``set_num_threads`` threads; the index tensors are
     validated (block ids, lengths) before anything is written. CUDA: see
     :mod:`paternoster.kernels.cuda`; index contents are trusted (reading them
-    would cost a sync); head size 64 or 128, block size a power of two >= 8;
+    would cost a sync); head size 64, 128 or 256, block size a power of two >= 8;
     a decode row whose ``seq_lens`` entry is 0 is written as zeros (padding).
 
     Args:
