@@ -149,7 +149,7 @@ def hf_and_dir(request, tmp_path_factory):
                 layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                 layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     hf = hf.to(torch.bfloat16)
-    d = tmp_path_factory.mktemp(f"tiny-{request.param}-d{hf.config.head_dim}")
+    d = tmp_path_factory.mktemp(f"tiny-{request.param}-d{_head_dim(hf.config)}")
     hf.save_pretrained(d)
     # The reference reloaded in float32: ``hf.float()`` would keep the RoPE
     # frequency buffers rounded to bfloat16 (off by 6 % at 300 tokens for Gemma 3).
@@ -166,8 +166,8 @@ def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
     runner._kernel_hints = True
     runner.workspace = backend.alloc_decode_workspace(
         "cpu", 8, CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"],
-        hf.config.head_dim, runner.max_model_len)
-    assert runner.head_dim == hf.config.head_dim
+        _head_dim(hf.config), runner.max_model_len)
+    assert runner.head_dim == _head_dim(hf.config)
     assert runner.workspace is not None  # one sequence's long context splits
     # Models with several KV cache groups (Gemma 3's sliding and full layers)
     # get a static slot mapping and block table per group.
@@ -225,3 +225,8 @@ def test_hybrid_model_gpu_path_matches_hf():
     res = load_gpu_check().check_hybrid_model_path(
         11, steps=4, device="cpu", attn_ops=kernels.emulated_cuda_backend())
     assert res["ok"], res
+
+
+def _head_dim(config) -> int:
+    """The config's head size (Phi-3 configs derive it from the hidden size)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
