@@ -59,7 +59,7 @@ endif()
 pn_run(${CMAKE_COMMAND} --build ${consumer} --config ${CONFIG} -j ${JOBS})
 
 # 4. Run them; the two toy-loop hosts must agree line for line.
-foreach(example embed_host toy_loop c_host)
+foreach(example embed_host toy_loop c_host hybrid_host)
   set(exe ${consumer}/${example})
   if(NOT EXISTS ${exe})
     set(exe ${consumer}/${CONFIG}/${example})  # multi-config generators
