@@ -169,3 +169,24 @@ def engine_greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
         for out in engine.step():
             tokens[out.request_id].extend(out.new_token_ids)
     return [tokens[f"r{i}"] for i in range(len(prompts))]
+
+
+def make_request_logprobs(engine, prompts: list[list[int]], n: int) -> list[tuple]:
+    """Greedy ``n`` tokens with their logprobs (2 alternatives) for each
+    prompt through ``engine``, all submitted at once: per prompt ``(token
+    ids, repr of the logprobs)`` (repr keeps every bit of every float)."""
+    from paternoster.sampling_params import SamplingParams
+
+    from ..engine.conftest import make_request
+
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=2)
+    for i, p in enumerate(prompts):
+        engine.add_request(make_request(f"r{i}", p, params))
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    logprobs: dict[str, list[str]] = {f"r{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id].extend(out.new_token_ids)
+            if out.logprobs is not None:
+                logprobs[out.request_id].append(repr(out.logprobs))
+    return [(tokens[f"r{i}"], logprobs[f"r{i}"]) for i in range(len(prompts))]

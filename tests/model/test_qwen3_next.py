@@ -194,3 +194,36 @@ def test_linear_layers_form_one_recurrent_group_after_the_attention_groups():
     layout = kv_cache_layout(cfg)
     assert layout.group_recurrent == (False, True)
     assert [layout.layer_groups[i] for i in range(8)] == [1, 1, 1, 0, 1, 1, 1, 0]
+
+
+def _invariant_run(path, prompts: list[list[int]], **sched) -> tuple[EngineCore, list]:
+    """Greedy 12 tokens with logprobs for each prompt in batch-invariant mode:
+    (the engine, per prompt its token ids and repr of its logprobs)."""
+    from .conftest import make_request_logprobs
+
+    blocks = sched.pop("blocks", 96)
+    engine = EngineCore(EngineConfig(
+        model=ModelConfig(model=str(path), dtype="float32", batch_invariant=True),
+        cache=CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=blocks),
+        scheduler=SchedulerConfig(max_num_seqs=4, **sched)))
+    return engine, make_request_logprobs(engine, prompts, 12)
+
+
+def test_batch_invariant_mode_alone_batched_chunked_preempted(hybrid):
+    """Logprobs bit-identical for a request alone, among others, with its
+    prompt in 7-token chunks and after a preemption (the linear layers take
+    every token through the one-token forms in this mode)."""
+    kind, path, _ = hybrid
+    if kind not in ("qwen3_5", "qwen3_next"):
+        pytest.skip("the dense and the MoE hybrid suffice")
+    gen = torch.Generator().manual_seed(21)
+    target = torch.randint(3, 128, (45,), generator=gen).tolist()
+    others = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (36, 37, 38)]
+    _, alone = _invariant_run(path, [target])
+    _, batched = _invariant_run(path, others[:1] + [target] + others[1:])
+    _, chunked = _invariant_run(path, [target], scheduler="chunked_prefill",
+                                max_num_batched_tokens=7)
+    engine, preempted = _invariant_run(path, [target] + others, blocks=18,
+                                       scheduler="chunked_prefill", max_num_batched_tokens=64)
+    assert engine.stats()["num_preemptions_total"] > 0
+    assert [batched[1] == alone[0], chunked[0] == alone[0], preempted[0] == alone[0]] == [True] * 3

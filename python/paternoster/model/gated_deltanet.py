@@ -238,11 +238,14 @@ class GatedDeltaNet(nn.Module):
         T = x.shape[0]
         proj = kernels.linear(x, self.in_proj_weight, invariant=self.invariant)
         mixed, z, b, a = proj.split([self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
-        beta = torch.sigmoid(b)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         slots = attn.for_group(self.kv_group)[1][:, 0].tolist()
         starts = attn.query_start_loc.tolist()
         seq_lens = attn.seq_lens.tolist()
+        if self.invariant:
+            normed = self._stepwise(mixed, z, b, a, slots, starts, seq_lens, state)
+            return kernels.linear(normed.reshape(T, self.value_dim), self.out_weight,
+                                  invariant=True)
+        beta, g = self._gates(b, a)
         core = torch.empty(T, self.hv, self.dv, dtype=x.dtype, device=x.device)
         decodes = []
         for i, slot in enumerate(slots):
@@ -270,6 +273,40 @@ class GatedDeltaNet(nn.Module):
         normed = self._gated_norm(core, z.reshape(T, self.hv, self.dv))
         return kernels.linear(normed.reshape(T, self.value_dim), self.out_weight,
                               invariant=self.invariant)
+
+    def _gates(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``beta = sigmoid(b)`` (model dtype) and the log-decay ``g =
+        -exp(A_log) * softplus(a + dt_bias)`` (float32), both ``[n, Hv]``."""
+        return torch.sigmoid(b), -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+
+    def _stepwise(self, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                  slots: list[int], starts: list[int], seq_lens: list[int],
+                  state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Batch-invariant mode: each token of each sequence on its own, from
+        the gates to the gated norm, through the one-token forms
+        (:func:`causal_conv1d_step`, :func:`recurrent_step`). Its bits then do
+        not depend on the step's other rows (torch's elementwise kernels round
+        a vector's tail differently from its body), on how its prompt was
+        chunked or on a preemption's recompute (the chunked form's sums move
+        with chunk boundaries). Returns the gated-norm output ``[T, Hv, Dv]``;
+        costs a Python loop per token."""
+        conv_state, ssm_state = state
+        out = torch.empty(mixed.shape[0], self.hv, self.dv, dtype=mixed.dtype,
+                          device=mixed.device)
+        for i, slot in enumerate(slots):
+            lo, hi = starts[i], starts[i + 1]
+            if seq_lens[i] == hi - lo:
+                conv_state[slot].zero_()
+                ssm_state[slot].zero_()
+            conv, ssm = conv_state[slot : slot + 1], ssm_state[slot : slot + 1]
+            for t in range(lo, hi):
+                row = slice(t, t + 1)
+                beta, g = self._gates(b[row], a[row])
+                q, k, v = self._split_heads(causal_conv1d_step(mixed[row], conv,
+                                                               self.conv_weight))
+                core = recurrent_step(q, k, v, g, beta, ssm)
+                out[row] = self._gated_norm(core, z[row].reshape(1, self.hv, self.dv))
+        return out
 
     def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``[n, C]`` conv output -> q, k ``[n, Hk, Dk]`` and v ``[n, Hv, Dv]``."""

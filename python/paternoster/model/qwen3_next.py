@@ -97,7 +97,7 @@ class GatedAttention(LlamaAttention):
         k = self.k_norm(k.view(T, self.num_kv_heads, D))
         q, k = rope(q, k)
         out = self.attend(q, k, v.reshape(T, self.num_kv_heads, D), kv_cache, attn)
-        out = out.reshape(T, self.q_size) * torch.sigmoid(gate)
+        out = out.reshape(T, self.q_size) * rowwise(torch.sigmoid, gate, self.invariant)
         return kernels.linear(out, self.o_weight, self.o_bias, invariant=self.invariant)
 
 
@@ -119,7 +119,9 @@ class SharedExpertMoe(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[T, H]`` -> ``[T, H]``."""
-        gate = torch.sigmoid(kernels.linear(x, self.shared_gate_weight, invariant=self.invariant))
+        gate = rowwise(torch.sigmoid,
+                       kernels.linear(x, self.shared_gate_weight, invariant=self.invariant),
+                       self.invariant)
         return self.experts(x) + gate * self.shared_expert(x)
 
 
@@ -249,6 +251,16 @@ class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):  # noqa: N801 - HF's class na
 
     moe_every_layer = True
     always_norm_topk = True
+
+
+def rowwise(fn, x: torch.Tensor, invariant: bool) -> torch.Tensor:
+    """``fn(x)`` for an elementwise ``fn``; with ``invariant``, one row at a
+    time, so a row's bits do not depend on how many rows the step has
+    (torch's vectorized elementwise kernels compute a vector's tail with the
+    scalar code, which rounds transcendental functions differently)."""
+    if not invariant or x.shape[0] <= 1:
+        return fn(x)
+    return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
 
 
 def hybrid_layer_types(config) -> list[str]:
