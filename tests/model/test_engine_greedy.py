@@ -47,7 +47,7 @@ def model(request, tmp_path_factory):
     torch.manual_seed(ARCHS.index(request.param) + 80)
     hf = _build(request.param).float()
     with torch.no_grad():  # sharper logits than the 0.02 init: fewer near-ties
-        for name, param in hf.named_parameters():
+        for param in hf.parameters():
             if param.dim() == 2:
                 param.normal_(0.0, 0.08)
     path = tmp_path_factory.mktemp(request.param)
