@@ -52,7 +52,8 @@ def test_metrics_endpoint_lists_every_metric(fake_server):
     names = {name for name, _ in scrape(fake_server.url)}
     for name in (
         "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
-        "num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
+        "state_slot_usage_perc", "num_preemptions_total", "prompt_tokens_total",
+        "generation_tokens_total",
         "request_success_total", "time_to_first_token_seconds_count",
         "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count",
         "request_queue_time_seconds_count", "iteration_tokens_total_count",

@@ -135,6 +135,8 @@ def test_engine_greedy_ids_equal_hf_generate(hybrid, scheduler, budget, blocks):
     if blocks == 16:
         assert engine.stats()["num_preemptions_total"] > 0
     assert engine.kv_cache_manager.num_free_state_slots() == 4  # all returned
+    stats = engine.stats()
+    assert stats["num_free_state_slots"] == 4 and stats["state_slot_usage"] == 0.0
     assert ours == [hf_generate(hf, p, 10) for p in prompts]
 
 

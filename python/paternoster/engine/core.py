@@ -404,7 +404,9 @@ class EngineCore:
             (fraction of blocks in use), ``num_free_blocks``, ``num_kv_blocks``
             (blocks), ``num_preemptions_total``, ``num_steps``,
             ``prefix_cache_queries`` and ``prefix_cache_hits`` (tokens looked
-            up in the prefix cache on admission, and how many were cached).
+            up in the prefix cache on admission, and how many were cached),
+            ``state_slot_usage`` and ``num_free_state_slots`` (recurrent
+            state slots of linear-attention models; 0 and 0 for others).
         """
         kv = self.kv_cache_manager
         return {
@@ -417,6 +419,8 @@ class EngineCore:
             "num_steps": self._num_steps,
             "prefix_cache_queries": kv.prefix_cache_queries(),
             "prefix_cache_hits": kv.prefix_cache_hits(),
+            "state_slot_usage": kv.state_usage(),
+            "num_free_state_slots": kv.num_free_state_slots(),
         }
 
     def reset_prefix_cache(self) -> int:

@@ -40,9 +40,12 @@ keys already have the set its later ones get. Against HF:
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def uses_long_factors(params: dict, max_positions: int | None) -> bool:
@@ -65,6 +68,9 @@ def rescale_factors(params: dict, rotary_dim: int, max_positions: int | None) ->
         ValueError: a factor list missing, not R / 2 positive numbers.
     """
     name = "long_factor" if uses_long_factors(params, max_positions) else "short_factor"
+    logger.info("LongRoPE: %s for every request (RoPE table of %s positions, original "
+                "context %s; --max-model-len at or below it selects the short factors)",
+                name, max_positions, params["original_max_position_embeddings"])
     factors = params.get(name)
     if not isinstance(factors, (list, tuple)) or len(factors) != rotary_dim // 2:
         raise ValueError(f"longrope {name} must be a list of {rotary_dim // 2} numbers "

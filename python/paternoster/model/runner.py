@@ -202,8 +202,7 @@ class ModelRunner:
         if fits < cap:
             logger.info("max_model_len %d -> %d: what one request can hold in %d KV blocks of %d "
                         "tokens (%s)", cap, fits, self.num_kv_blocks, self.block_size,
-                        "KV cache groups " + str(list(self.kv_layout.group_windows))
-                        if self.kv_layout.num_groups > 1 else "every layer full")
+                        _describe_groups(self.kv_layout))
         return fits
 
     def _context_cap(self, model_config: ModelConfig) -> int:
@@ -439,6 +438,19 @@ class ModelRunner:
             hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
         index = _tensor(batch["logits_indices"], np.int64).to(self.device, non_blocking=True)
         return self.model.compute_logits(hidden[index])
+
+
+def _describe_groups(layout) -> str:
+    """The KV cache groups in words, for log lines."""
+    if layout.num_groups == 1:
+        return "one KV cache group: every layer full attention"
+    kinds = []
+    for g, window in enumerate(layout.group_windows):
+        if g == layout.recurrent_group:
+            kinds.append("recurrent state (one slot per request, no blocks)")
+        else:
+            kinds.append(f"{window}-token sliding window" if window else "full attention")
+    return "KV cache groups: " + ", ".join(kinds)
 
 
 def _group_arrays(batch: dict[str, np.ndarray], device: torch.device) -> dict:
