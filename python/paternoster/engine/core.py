@@ -24,6 +24,7 @@ from paternoster.model.runner import ModelRunner
 from paternoster.request import Request
 from paternoster.scheduling.output import SchedulerOutput
 from paternoster.scheduling.registry import load_scheduler_class
+from paternoster.structured_outputs import GrammarCompiler, GrammarState
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +173,8 @@ class EngineCore:
         self._wants_prompt_logprobs: dict[str, Request] = {}
         # Tokens each step computed, since the last pop_iteration_tokens().
         self._iteration_tokens: list[int] = []
+        # Structured outputs' grammar compiler (built on first use: it reads the tokenizer).
+        self._grammar_compiler: GrammarCompiler | None = None
         # Default id: the directory's name, or a GGUF file's name without ".gguf"
         # (as llama-server names it).
         name = config.model.served_model_name or str(config.model.model).rstrip("/").split("/")[-1]
@@ -233,6 +236,9 @@ class EngineCore:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_model_len ({self.max_model_len})"
             )
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self._grammar_state(params.structured_outputs)
         req = Request(
             request_id=request.request_id,
             prompt_token_ids=list(ids),
@@ -242,12 +248,36 @@ class EngineCore:
             priority=request.priority,
             cache_salt=request.cache_salt,
             max_tokens=params.max_tokens if params.max_tokens is not None else room,
+            grammar=grammar,
         )
         self.scheduler.add_request(req)
         if params.prompt_logprobs is not None:
             self._wants_prompt_logprobs[req.request_id] = req
         if self.timeline is not None:
             self.timeline.on_arrival(req)
+
+    def _grammar_state(self, spec: dict) -> GrammarState:
+        """A new request's structured-output state: its grammar compiled (or
+        taken from the cache) against the model's vocabulary, on admission.
+
+        Raises:
+            ValueError: the constraint does not compile, or xgrammar is missing.
+        """
+        if self._grammar_compiler is None:
+            from paternoster.model.loader import load_tokenizer
+
+            eos = self.runner.eos_token_id
+            self._grammar_compiler = GrammarCompiler(
+                load_tokenizer(self.config.model.model),
+                self.runner.vocab_size, [] if eos is None else [eos])
+        compiled = self._grammar_compiler.compile_async(spec)
+        try:
+            compiled.result()
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - xgrammar's compile errors
+            raise ValueError(f"structured_outputs: cannot compile the constraint: {e}") from e
+        return GrammarState(compiled)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         """Abort live requests (waiting, running or preempted); unknown ids are ignored.

@@ -250,8 +250,9 @@ class ModelRunner:
         """
         if isinstance(model_input, dict):
             return self.compute_logits(model_input)
+        grammar = self.sampler.start_grammar(model_input, self.vocab_size)
         logits = self.compute_logits(model_input.arrays)
-        return self.sampler.sample_step(logits, model_input)
+        return self.sampler.sample_step(logits, model_input, grammar)
 
     @torch.inference_mode()
     def compute_logits(self, batch: dict[str, np.ndarray]) -> torch.Tensor:

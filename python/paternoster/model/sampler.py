@@ -35,6 +35,8 @@ the prompt logprobs of prefill chunks.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import numpy as np
 import torch
 
@@ -43,13 +45,18 @@ from paternoster.model.interface import ModelInput, ModelRunnerOutput, PromptChu
 from paternoster.model.logits_processors import apply_logits_processors
 from paternoster.request import Request
 from paternoster.sampling_params import SamplingParams
+from paternoster.structured_outputs import accept_tokens, apply_bitmasks, fill_bitmasks
 
 CANDIDATE_MAX_K = 256  # rows with top_k up to this use the candidate path
 
 
 class Sampler:
     """Stateless, vectorised over the batch (Python loops over rows only to
-    gather parameters and to draw seeded uniforms)."""
+    gather parameters and to draw seeded uniforms); one background thread
+    fills structured outputs' bitmasks (:meth:`start_grammar`)."""
+
+    def __init__(self) -> None:
+        self._grammar_thread: ThreadPoolExecutor | None = None
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams],
                generators: list[torch.Generator | None]) -> torch.Tensor:
@@ -98,8 +105,27 @@ class Sampler:
         tokens[rows] = picked
         return tokens
 
+    def start_grammar(self, model_input: ModelInput, vocab_size: int) -> Future | None:
+        """Start filling the grammar bitmask of this step's constrained
+        sampling rows on a background thread (the runner calls it before the
+        forward pass, which it then overlaps); None when no row is constrained.
+
+        Returns:
+            A future of (rows, int32 bitmask ``[len(rows), ceil(V / 32)]``):
+            ``rows`` index the sampling rows (``sample_rows`` order).
+        """
+        reqs = [model_input.requests[i] for i in model_input.sample_rows.tolist()]
+        rows = [j for j, r in enumerate(reqs) if r.grammar is not None and not r.grammar.terminated]
+        if not rows:
+            return None
+        if self._grammar_thread is None:
+            self._grammar_thread = ThreadPoolExecutor(1, thread_name_prefix="bitmask")
+        return self._grammar_thread.submit(fill_bitmasks, [reqs[j].grammar for j in rows],
+                                           rows, vocab_size)
+
     @torch.inference_mode()  # the logits are inference tensors, processed in place
-    def sample_step(self, logits: torch.Tensor, model_input: ModelInput) -> ModelRunnerOutput:
+    def sample_step(self, logits: torch.Tensor, model_input: ModelInput,
+                    grammar: Future | None = None) -> ModelRunnerOutput:
         """One step's sampling: raw logprobs, logits processors, one token per
         sampling row, prompt logprobs.
 
@@ -109,6 +135,8 @@ class Sampler:
                 sampling rows first, then each prompt chunk's positions.
                 The sampling rows are modified in place by the processors.
             model_input: the step (requests, ``sample_rows``, ``prompt_chunks``).
+            grammar: :meth:`start_grammar`'s future for this step, or None
+                (then constrained rows get their bitmask here).
         Returns:
             The tokens keyed by row, token logprobs (of the distribution before
             penalties, bias and temperature) for the requests that asked, and
@@ -123,15 +151,21 @@ class Sampler:
         out = ModelRunnerOutput({})
         if len(rows):
             reqs = [model_input.requests[i] for i in rows.tolist()]
-            tokens, out.logprobs = self._sample_rows(logits[: len(rows)], reqs)
+            if grammar is None and any(r.grammar is not None for r in reqs):
+                grammar = self.start_grammar(model_input, logits.shape[1])
+            masks = grammar.result() if grammar is not None else None
+            tokens, out.logprobs = self._sample_rows(logits[: len(rows)], reqs, masks)
             out.sampled_token_ids = dict(zip(rows.tolist(), tokens.tolist()))
         if model_input.prompt_chunks:
             out.prompt_logprobs = _score_prompts(model_input.prompt_chunks, logits[len(rows) :])
         return out
 
-    def _sample_rows(self, logits: torch.Tensor,
-                     reqs: list[Request]) -> tuple[torch.Tensor, dict[str, Logprobs]]:
-        """Processors, then one token per row; raw logprobs where asked.
+    def _sample_rows(self, logits: torch.Tensor, reqs: list[Request],
+                     masks: tuple[list[int], torch.Tensor] | None = None,
+                     ) -> tuple[torch.Tensor, dict[str, Logprobs]]:
+        """Grammar masks, processors, then one token per row (each
+        constrained row's grammar then advances past it); raw logprobs (before
+        any of these) where asked.
 
         Returns:
             (int64 [N] tokens, ``{request id: one-position Logprobs}``).
@@ -139,8 +173,12 @@ class Sampler:
         params = [r.sampling_params for r in reqs]
         want = [j for j, p in enumerate(params) if p.logprobs is not None]
         raw = logits[want].log_softmax(dim=-1) if want else None  # before processing
+        if masks is not None:
+            apply_bitmasks(logits, *masks)
         apply_logits_processors(logits, reqs)
         tokens = self.sample(logits, params, [r.generator for r in reqs])
+        if masks is not None:
+            accept_tokens([reqs[j].grammar for j in masks[0]], tokens[masks[0]].tolist())
         if not want:
             return tokens, {}
         lp = compute_logprobs(raw, tokens[want], [params[j].logprobs for j in want])

@@ -40,6 +40,26 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    """``response_format.json_schema``: OpenAI's named schema (``strict`` is
+    accepted; the output always follows the schema)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """``response_format``: ``text`` (no constraint), ``json_object`` (any
+    JSON object) or ``json_schema`` (the ``json_schema.schema``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _OpenAIFields(_Request):
     """Fields shared by both endpoints (``None`` = default): OpenAI's own and
     those whose HTTP form differs from :class:`SamplingParams` (``stop`` may
@@ -78,6 +98,16 @@ class _OpenAIFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with `stream: true`")
     user: str | None = Field(None, description="accepted and ignored")
+    response_format: ResponseFormat | None = Field(
+        None, description="OpenAI's structured output: json_object or json_schema")
+    guided_json: dict[str, Any] | str | None = Field(
+        None, description="older vLLM name of structured_outputs.json")
+    guided_regex: str | None = Field(
+        None, description="older vLLM name of structured_outputs.regex")
+    guided_choice: list[str] | None = Field(
+        None, description="older vLLM name of structured_outputs.choice")
+    guided_grammar: str | None = Field(
+        None, description="older vLLM name of structured_outputs.grammar")
     cache_salt: str | None = Field(
         None, description="prefix-cache isolation: KV blocks are shared only between requests "
         "with the same salt (vLLM)",

@@ -1,0 +1,311 @@
+"""Structured outputs: constrain generation to a JSON schema, a regular
+expression, a choice of strings or an EBNF grammar, with xgrammar (Dong et
+al. 2024, "XGrammar: Flexible and Efficient Structured Generation Engine for
+Large Language Models", arXiv:2411.15100; the default backend of vLLM,
+SGLang and TensorRT-LLM).
+
+A request carries its constraint as ``SamplingParams.structured_outputs``,
+a map with exactly one of vLLM's keys:
+
+- ``json``: a JSON schema (a dict, or its JSON text); the output is compact
+  JSON (``", "`` and ``": "`` separators, no other whitespace: a free choice
+  of whitespace lets small models pad forever);
+- ``json_object``: ``True``: any JSON object (OpenAI's ``response_format``
+  ``{"type": "json_object"}``);
+- ``regex``: a regular expression the whole output matches;
+- ``choice``: a non-empty list of strings, the output is one of them;
+- ``grammar``: an EBNF grammar (xgrammar's GBNF dialect, rule ``root``).
+
+:func:`normalize_spec` checks the map's shape without xgrammar (the engine
+and the wire call it); :func:`check_spec` parses the constraint with xgrammar
+(the frontend calls it, so a bad schema is a 400 naming it);
+:class:`GrammarCompiler` compiles specs against the model's vocabulary (the
+engine, cached by spec) and :class:`GrammarState` follows one request's
+output through a ``GrammarMatcher``. The token mask is applied by the sampler
+(:mod:`paternoster.model.sampler`).
+
+xgrammar is an optional dependency (``make install`` installs it; with pip:
+``pip install xgrammar``); a request with a constraint gets a clear error
+without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: The keys of a ``structured_outputs`` map (exactly one per request).
+SPEC_KEYS = ("json", "json_object", "regex", "choice", "grammar")
+#: Longest constraint text accepted (characters of the schema, regex or grammar).
+MAX_SPEC_CHARS = 1 << 20
+
+
+def _xgrammar():
+    """The xgrammar module. Raises ValueError (a 400 for a request) when not installed."""
+    try:
+        import xgrammar
+    except ImportError as e:
+        raise ValueError("structured outputs need the xgrammar package, which is not "
+                         "installed (make install installs it; or pip install xgrammar)") from e
+    return xgrammar
+
+
+def normalize_spec(spec: Any) -> dict[str, Any]:
+    """A ``structured_outputs`` map in canonical form: one key of
+    :data:`SPEC_KEYS`; ``json`` as compact JSON text with sorted keys (so equal
+    schemas share one compiled grammar).
+
+    Raises:
+        ValueError: naming ``structured_outputs`` or ``structured_outputs.<key>``:
+            not a map, no or several keys, an unknown key, a value of the wrong
+            type, an empty or oversized one.
+    """
+    if not isinstance(spec, dict):
+        raise ValueError(f"structured_outputs must be an object with one of "
+                         f"{', '.join(SPEC_KEYS)}, got {type(spec).__name__}")
+    keys = [k for k, v in spec.items() if v is not None and v is not False]
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"structured_outputs: unknown keys {unknown}; use one of "
+                         f"{', '.join(SPEC_KEYS)}")
+    if len(keys) != 1:
+        raise ValueError(f"structured_outputs must set exactly one of {', '.join(SPEC_KEYS)}, "
+                         f"got {sorted(keys) or 'none'}")
+    key = keys[0]
+    value = spec[key]
+    where = f"structured_outputs.{key}"
+    if key == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where} is not valid JSON: {e}") from e
+        if not isinstance(value, (dict, bool)):
+            raise ValueError(f"{where} must be a JSON schema object, got {type(value).__name__}")
+        value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    elif key == "json_object":
+        if value is not True:
+            raise ValueError(f"{where} must be true")
+    elif key == "choice":
+        if (not isinstance(value, list) or not value
+                or not all(isinstance(c, str) and c for c in value)):
+            raise ValueError(f"{where} must be a non-empty list of non-empty strings")
+    elif not isinstance(value, str) or not value:
+        raise ValueError(f"{where} must be a non-empty string")
+    if isinstance(value, str) and len(value) > MAX_SPEC_CHARS:
+        raise ValueError(f"{where} is longer than {MAX_SPEC_CHARS} characters")
+    if key == "choice" and sum(len(c) for c in value) > MAX_SPEC_CHARS:
+        raise ValueError(f"{where} is longer than {MAX_SPEC_CHARS} characters")
+    return {key: value}
+
+
+def _choice_ebnf(choices: list[str]) -> str:
+    """An EBNF grammar whose language is exactly ``choices``: each choice a
+    sequence of string literals (backslashes and quotes escaped, control
+    characters as \\u escapes) with every non-ASCII character as a one-character
+    class (xgrammar 0.2.9 mis-matches some literals that mix multi-byte and
+    ASCII characters, e.g. ``"üa"``; ``[ü] "a"`` is matched right)."""
+    def sequence(s: str) -> str:
+        parts: list[str] = []
+        run: list[str] = []
+        for ch in s:
+            if ord(ch) < 0x80:
+                if ch in '"\\':
+                    run.append("\\" + ch)
+                elif ord(ch) < 0x20:
+                    run.append(f"\\u{ord(ch):04x}")
+                else:
+                    run.append(ch)
+                continue
+            if run:
+                parts.append('"' + "".join(run) + '"')
+                run = []
+            parts.append(f"[{ch}]")
+        if run:
+            parts.append('"' + "".join(run) + '"')
+        return "(" + " ".join(parts) + ")"
+    return "root ::= " + " | ".join(sequence(c) for c in choices)
+
+
+def _grammar(spec: dict[str, Any]):
+    """The ``xgrammar.Grammar`` of a normalized spec (raises xgrammar's errors)."""
+    xgr = _xgrammar()
+    key, value = next(iter(spec.items()))
+    if key == "json":
+        return xgr.Grammar.from_json_schema(value, any_whitespace=False)
+    if key == "json_object":
+        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False)
+    if key == "regex":
+        return xgr.Grammar.from_regex(value)
+    if key == "choice":
+        return xgr.Grammar.from_ebnf(_choice_ebnf(value))
+    return xgr.Grammar.from_ebnf(value)
+
+
+def check_spec(spec: dict[str, Any]) -> None:
+    """Parse a normalized spec with xgrammar, so that a bad constraint is
+    refused before it reaches the engine.
+
+    Raises:
+        ValueError: naming ``structured_outputs.<key>``: an invalid or
+            unsupported JSON schema, regex or grammar (xgrammar's message), or
+            xgrammar not installed.
+    """
+    key = next(iter(spec))
+    try:
+        _grammar(spec)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError with its parser's message
+        what = {"json": "JSON schema", "regex": "regular expression"}.get(key, "grammar")
+        raise ValueError(f"structured_outputs.{key}: invalid {what}: "
+                         f"{_first_line(str(e))}") from e
+
+
+def _first_line(message: str) -> str:
+    """xgrammar's message without its ``[time] file:line:`` prefix."""
+    line = message.strip().splitlines()[0] if message.strip() else message
+    if line.startswith("[") and "] " in line:
+        line = line.split("] ", 1)[1]
+        parts = line.split(": ", 1)
+        if len(parts) == 2 and ".cc:" in parts[0]:
+            line = parts[1]
+    return line
+
+
+class GrammarCompiler:
+    """Compiles specs against a model's vocabulary, once per distinct spec
+    (an LRU of compiled grammars, and xgrammar's own cache beneath it), on a
+    background thread so a step never waits for a compile it does not need.
+
+    Args:
+        tokenizer: the model's Hugging Face tokenizer.
+        vocab_size: the model's logits width (may exceed the tokenizer's).
+        stop_token_ids: the tokens that end a request (the model's EOS): the
+            only ones allowed once a grammar is complete.
+    Raises:
+        ValueError: xgrammar not installed.
+    """
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
+        xgr = _xgrammar()
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=stop_token_ids or None)
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._lock = threading.Lock()
+        self._compiled: dict[str, Future] = {}
+        self.num_compiles = 0
+
+    def compile_async(self, spec: dict[str, Any]) -> Future:
+        """A future of the spec's ``xgrammar.CompiledGrammar`` (shared by
+        every request with an equal spec)."""
+        key = json.dumps(spec, sort_keys=True)
+        with self._lock:
+            future = self._compiled.get(key)
+            if future is None:
+                future = self._executor.submit(self._compile, spec)
+                self._compiled[key] = future
+                self.num_compiles += 1
+            return future
+
+    def _compile(self, spec: dict[str, Any]):
+        return self._compiler.compile_grammar(_grammar(spec))
+
+
+class GrammarState:
+    """One request's position in its grammar: a ``GrammarMatcher`` over the
+    compiled grammar, created when the grammar is first needed.
+
+    Args:
+        compiled: the future from :meth:`GrammarCompiler.compile_async`.
+    """
+
+    def __init__(self, compiled: Future) -> None:
+        self._compiled = compiled
+        self._matcher = None
+
+    @property
+    def matcher(self):
+        """The ``xgrammar.GrammarMatcher`` (waits for the compile the first time).
+
+        Raises:
+            ValueError: the grammar failed to compile.
+        """
+        if self._matcher is None:
+            xgr = _xgrammar()
+            self._matcher = xgr.GrammarMatcher(self._compiled.result())
+        return self._matcher
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar accepted a stop token: nothing more to constrain."""
+        return self._matcher is not None and self._matcher.is_terminated()
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        """Write the allowed next tokens into ``bitmask[row]`` (int32 words,
+        bit ``t`` of the row = token ``t`` allowed)."""
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token: int) -> bool:
+        """Advance past a sampled token; False if the grammar rejects it (then
+        the state is unchanged)."""
+        return bool(self.matcher.accept_token(int(token)))
+
+
+def fill_bitmasks(states: list[GrammarState], rows: list[int],
+                  vocab_size: int) -> tuple[list[int], Any]:
+    """Each state's allowed next tokens, one bitmask row per state.
+
+    Args:
+        states: the constrained rows' states. rows: their row indices in the
+            step's sampling logits (returned unchanged).
+        vocab_size: V, the logits' width.
+    Returns:
+        (rows, int32 tensor ``[len(states), ceil(V / 32)]``).
+    """
+    xgr = _xgrammar()
+    bitmask = xgr.allocate_token_bitmask(len(states), vocab_size)
+    for k, state in enumerate(states):
+        state.fill_bitmask(bitmask, k)
+    return rows, bitmask
+
+
+def apply_bitmasks(logits, rows: list[int], bitmask) -> None:
+    """Set the logits of tokens the bitmask forbids to -inf, in place.
+
+    Args:
+        logits: float32 ``[N, V]``. rows: the constrained rows (``len(rows)``
+            = the bitmask's rows). bitmask: from :func:`fill_bitmasks`.
+    """
+    import torch
+
+    xgr = _xgrammar()
+    index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    constrained = logits.index_select(0, index)
+    xgr.apply_token_bitmask_inplace(constrained, bitmask.to(logits.device))
+    logits.index_copy_(0, index, constrained)
+
+
+def accept_tokens(states: list[GrammarState], tokens: list[int]) -> int:
+    """Advance each state past its row's sampled token. A token the grammar
+    rejects (only possible when other masks, e.g. ``min_tokens`` holding back
+    the EOS a complete grammar requires, left the row no allowed token) leaves
+    that state where it was and is logged.
+
+    Returns:
+        The number of rejected tokens.
+    """
+    rejected = 0
+    for state, token in zip(states, tokens, strict=True):
+        if not state.accept(token):
+            rejected += 1
+            logger.warning("structured outputs: token %d is outside the grammar (its mask "
+                           "met another that allowed nothing, e.g. min_tokens)", token)
+    return rejected

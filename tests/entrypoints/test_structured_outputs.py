@@ -1,0 +1,183 @@
+"""Structured outputs on the default model, offline (``LLM``) and over HTTP
+with the ``openai`` SDK: every constrained output is checked against an
+independent reference (the JSON schema with ``jsonschema_rs``, the regex with
+Python's ``re``, the choices as a set, the EBNF language by hand), under
+sampling, ``n`` > 1, chunked prefill, preemption, a batch mixing constrained
+and free rows, streaming and ``max_tokens`` cut-offs; bad constraints are a
+400 naming the field."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema_rs
+import pytest
+
+from paternoster import LLM, SamplingParams
+from tests.entrypoints.utils import start_server
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "colour": {"enum": ["red", "green", "blue"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
+    },
+    "required": ["name", "age", "colour", "tags"],
+    "additionalProperties": False,
+}
+PROMPTS = ["Give me a person as JSON.", "Describe a cat.", "The weather in Paris is",
+           "List three fruits:"]
+
+
+def _texts(outputs) -> list[str]:
+    return [c.text for out in outputs for c in out.outputs]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(max_num_seqs=16, num_threads=2)
+
+
+def test_json_schema_outputs_validate_under_sampling_and_n(llm):
+    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=160,
+                            structured_outputs={"json": SCHEMA})
+    outs = llm.generate(PROMPTS, params)
+    validator = jsonschema_rs.validator_for(SCHEMA)
+    for out in outs:
+        for choice in out.outputs:
+            assert choice.finish_reason == "stop", choice.text
+            validator.validate(json.loads(choice.text))
+
+
+def test_regex_choice_grammar_and_json_object(llm):
+    word = r"[A-Z][a-z]{2,8} \d{1,3}"
+    cases = [
+        ({"regex": word}, lambda t: re.fullmatch(word, t)),
+        ({"choice": ["yes", "no", "maybe not"]}, lambda t: t in ("yes", "no", "maybe not")),
+        ({"grammar": 'root ::= "(" num ("+" num)* ")"\nnum ::= [1-9] [0-9]?'},
+         lambda t: re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?)*\)", t)),
+    ]
+    for spec, ok in cases:
+        params = SamplingParams(temperature=0.8, seed=5, max_tokens=64, structured_outputs=spec)
+        for out in llm.generate(PROMPTS, params):
+            choice = out.outputs[0]
+            assert choice.finish_reason == "stop" and ok(choice.text), (spec, choice.text)
+    # Any JSON object: unbounded keys, so greedy (sampled, the tiny model can
+    # write one key until max_tokens).
+    params = SamplingParams(temperature=0.0, max_tokens=120,
+                            structured_outputs={"json_object": True})
+    for out in llm.generate(PROMPTS, params):
+        choice = out.outputs[0]
+        assert choice.finish_reason == "stop", choice.text
+        assert isinstance(json.loads(choice.text), dict)
+
+
+def test_free_rows_are_unchanged_by_constrained_neighbours():
+    """In batch-invariant mode, so that only the masks could move a free row."""
+    llm = LLM(max_num_seqs=16, num_threads=2, batch_invariant=True)
+    free = SamplingParams(temperature=0.0, max_tokens=24)
+    alone = _texts(llm.generate(PROMPTS, free))
+    constrained = SamplingParams(temperature=0.0, max_tokens=24,
+                                 structured_outputs={"choice": ["alpha", "beta"]})
+    mixed = llm.generate(PROMPTS + PROMPTS, [free] * 4 + [constrained] * 4)
+    assert _texts(mixed[:4]) == alone
+    assert all(t in ("alpha", "beta") for t in _texts(mixed[4:]))
+
+
+def test_max_tokens_cut_off_is_length_not_stop(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=4, structured_outputs={"json": SCHEMA})
+    choice = llm.generate(PROMPTS[:1], params)[0].outputs[0]
+    assert choice.finish_reason == "length"
+    assert len(choice.token_ids) == 4
+    assert choice.text.startswith("{")
+
+
+def test_chunked_prefill_and_preemption_keep_outputs_valid():
+    llm = LLM(max_num_seqs=8, num_threads=2, scheduler="chunked_prefill",
+              max_num_batched_tokens=16, num_kv_blocks=24, enable_prefix_caching=False)
+    params = SamplingParams(temperature=0.7, seed=11, max_tokens=120,
+                            structured_outputs={"json": SCHEMA})
+    long_prompts = [p + " Please answer with care and detail. " * 4 for p in PROMPTS * 2]
+    outs = llm.generate(long_prompts, params)
+    assert llm.engine.stats()["num_preemptions_total"] > 0
+    validator = jsonschema_rs.validator_for(SCHEMA)
+    for text in _texts(outs):
+        validator.validate(json.loads(text))
+
+
+def test_a_constraint_the_engine_cannot_compile_is_a_value_error(llm):
+    with pytest.raises(ValueError, match="structured_outputs"):
+        llm.generate(PROMPTS[:1], SamplingParams(structured_outputs={"regex": "a(b"}))
+
+
+# ------------------------------------------------------------------- HTTP
+
+
+@pytest.fixture(scope="module")
+def client(default_model_path):
+    from openai import OpenAI
+
+    with start_server(str(default_model_path), "--num-kv-blocks", "512",
+                      "--max-model-len", "2048") as srv:
+        yield OpenAI(base_url=srv.url + "/v1", api_key="unused")
+
+
+def test_openai_sdk_parse_with_a_pydantic_model(client):
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=20)
+        age: int = Field(ge=0, le=120)
+        colour: Literal["red", "green", "blue"]
+
+    completion = client.chat.completions.parse(
+        model=client.models.list().data[0].id, max_tokens=120, temperature=0,
+        messages=[{"role": "user", "content": "Invent a person."}], response_format=Person)
+    message = completion.choices[0].message
+    assert isinstance(message.parsed, Person), message.content
+    assert completion.choices[0].finish_reason == "stop"
+
+
+def test_streamed_json_schema_deltas_concatenate_to_valid_json(client):
+    stream = client.chat.completions.create(
+        model=client.models.list().data[0].id, max_tokens=160, temperature=0.9, seed=2,
+        messages=[{"role": "user", "content": "A person, please."}], stream=True,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}})
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    jsonschema_rs.validator_for(SCHEMA).validate(json.loads(text))
+
+
+def test_completions_endpoint_takes_structured_outputs_and_guided_aliases(client):
+    model = client.models.list().data[0].id
+    for extra in ({"structured_outputs": {"choice": ["left", "right"]}},
+                  {"guided_choice": ["left", "right"]}):
+        r = client.completions.create(model=model, prompt="Turn", max_tokens=8, n=3,
+                                      temperature=1.0, seed=4, extra_body=extra)
+        assert {c.text for c in r.choices} <= {"left", "right"}
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                 "schema": {"type": "nope"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format"),
+    ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs"),
+    ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs"),
+    ({"guided_grammar": "root ::= missing"}, "guided_grammar"),
+    ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_bad_constraints_are_a_400_naming_the_field(client, body, param):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=4,
+                                       messages=[{"role": "user", "content": "hi"}],
+                                       extra_body=body)
+    assert err.value.body["param"] == param, err.value.body
