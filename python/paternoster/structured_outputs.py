@@ -261,36 +261,42 @@ class GrammarState:
 
 def fill_bitmasks(states: list[GrammarState], rows: list[int],
                   vocab_size: int) -> tuple[list[int], Any]:
-    """Each state's allowed next tokens, one bitmask row per state.
+    """Each state's forbidden next tokens, one row per state, as a bool mask
+    (unpacked from xgrammar's bitmask here, so that the runner's thread, which
+    calls this during the forward pass, does that work too).
 
     Args:
         states: the constrained rows' states. rows: their row indices in the
             step's sampling logits (returned unchanged).
         vocab_size: V, the logits' width.
     Returns:
-        (rows, int32 tensor ``[len(states), ceil(V / 32)]``).
+        (rows, bool tensor ``[len(states), V]``, True = forbidden).
     """
+    import numpy as np
+    import torch
+
     xgr = _xgrammar()
     bitmask = xgr.allocate_token_bitmask(len(states), vocab_size)
     for k, state in enumerate(states):
         state.fill_bitmask(bitmask, k)
-    return rows, bitmask
+    # Bit t of a row's int32 words (little-endian) = token t allowed.
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+    return rows, torch.from_numpy(bits[:, :vocab_size] == 0)
 
 
-def apply_bitmasks(logits, rows: list[int], bitmask) -> None:
-    """Set the logits of tokens the bitmask forbids to -inf, in place.
+def apply_bitmasks(logits, rows: list[int], forbidden) -> None:
+    """Set the logits of tokens the grammars forbid to -inf, in place.
 
     Args:
         logits: float32 ``[N, V]``. rows: the constrained rows (``len(rows)``
-            = the bitmask's rows). bitmask: from :func:`fill_bitmasks`.
+            = the mask's rows). forbidden: from :func:`fill_bitmasks`.
     """
-    import torch
-
-    xgr = _xgrammar()
-    index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-    constrained = logits.index_select(0, index)
-    xgr.apply_token_bitmask_inplace(constrained, bitmask.to(logits.device))
-    logits.index_copy_(0, index, constrained)
+    forbidden = forbidden.to(logits.device)
+    if rows == list(range(logits.shape[0])):
+        logits.masked_fill_(forbidden, float("-inf"))
+        return
+    for k, row in enumerate(rows):
+        logits[row].masked_fill_(forbidden[k], float("-inf"))
 
 
 def accept_tokens(states: list[GrammarState], tokens: list[int]) -> int:
