@@ -22,3 +22,27 @@ def test_allowed_token_ids_and_bad_words_over_zmq(address, hf, tokenizer):  # no
         word = tokenizer.decode(free).strip()
         banned = c.generate(prompt_token_ids=ids, max_tokens=8, temperature=0, bad_words=[word])
         assert banned.token_ids[0] != free[0] and word not in banned.text
+
+
+def test_structured_outputs_over_zmq(address):  # noqa: F811
+    """A JSON schema and a choice through the ZeroMQ protocol (the sampling
+    map's structured_outputs field), a bad regex refused naming the field."""
+    import json
+
+    import pytest
+
+    from paternoster.client import BadRequestError
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    with Client(address, timeout=60) as c:
+        done = c.generate("A number as JSON:", max_tokens=40, temperature=0.9, seed=1,
+                          structured_outputs={"json": schema})
+        assert done.finish_reason == "stop"
+        value = json.loads(done.text)
+        assert set(value) == {"n"} and isinstance(value["n"], int)
+        picked = c.generate("Pick one:", max_tokens=8, temperature=1.0, seed=2,
+                            structured_outputs={"choice": ["heads", "tails"]})
+        assert picked.text in ("heads", "tails")
+        with pytest.raises(BadRequestError, match="structured_outputs"):
+            c.generate("x", max_tokens=4, structured_outputs={"regex": "a(b"})
