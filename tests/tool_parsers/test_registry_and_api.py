@@ -165,3 +165,16 @@ def test_string_canonicalization(raw, expected):
     s = get_tool_parser("hermes")().streaming(incremental_arguments=False)
     streamed = [s.feed(ch) for ch in text] + [s.finish()]
     assert "".join(d.content or "" for d in streamed) == (got.content or "")
+
+
+def test_long_pythonic_call_streams_in_reasonable_time():
+    import time
+
+    text = "[write(path='a.py', body=" + repr("line 'q' (x) [y], {z}\n" * 400) + ")]"
+    s = get_tool_parser("pythonic")().streaming()
+    t0 = time.perf_counter()
+    items = [i for k in range(0, len(text), 4) for i in s.feed(text[k:k + 4]).tool_calls]
+    items += s.finish().tool_calls
+    assert time.perf_counter() - t0 < 20
+    assert [i.name for i in items] == ["write"]
+    assert json.loads(items[0].arguments)["body"] == "line 'q' (x) [y], {z}\n" * 400

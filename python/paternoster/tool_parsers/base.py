@@ -147,9 +147,6 @@ class _Call:
 PENDING = _Call(None, "", False)
 """Scan item: text from here on may be a call; nothing after it is stable yet."""
 
-Item = "str | _Call"
-
-
 def skip_ws(text: str, pos: int) -> int:
     """The first index at or after ``pos`` that is not JSON whitespace."""
     n = len(text)

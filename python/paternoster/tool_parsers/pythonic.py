@@ -20,6 +20,7 @@ unknown function, an unclosed bracket or string), the whole output is content.
 from __future__ import annotations
 
 import ast
+import re
 
 from paternoster.tool_parsers.base import (
     PENDING,
@@ -36,30 +37,19 @@ _OPEN = "([{"
 _CLOSE = ")]}"
 
 
+_STRINGS = {q: (re.compile(q * 3 + r"(?:[^\\" + q + r"]|\\[\s\S]|" + q + r"(?!" + q * 2 + r"))*"
+                             + q * 3),
+                  re.compile(q + r"(?:[^\\\n" + q + r"]|\\[\s\S])*" + q))
+            for q in "'\""}
+_SPECIAL = re.compile(r"""['"()\[\]{},]""")
+
+
 def _skip_string(text: str, i: int) -> int | None:
     """Index after the Python string literal whose quote is at ``i`` (None: unclosed)."""
     q = text[i]
-    if text.startswith(q * 3, i):
-        j = i + 3
-        while j < len(text):
-            if text[j] == "\\":
-                j += 2
-            elif text.startswith(q * 3, j):
-                return j + 3
-            else:
-                j += 1
-        return None
-    j = i + 1
-    while j < len(text):
-        if text[j] == "\\":
-            j += 2
-        elif text[j] == q:
-            return j + 1
-        elif text[j] == "\n":
-            return None
-        else:
-            j += 1
-    return None
+    triple, single = _STRINGS[q]
+    m = (triple if text.startswith(q * 3, i) else single).match(text, i)
+    return m.end() if m else None
 
 
 def _elements(text: str, p: int) -> tuple[list[tuple[int, int]], int | None]:
@@ -69,7 +59,11 @@ def _elements(text: str, p: int) -> tuple[list[tuple[int, int]], int | None]:
     depth = 0
     start = p + 1
     i = p + 1
-    while i < len(text):
+    while True:
+        m = _SPECIAL.search(text, i)
+        if m is None:
+            return spans, None
+        i = m.start()
         ch = text[i]
         if ch in "'\"":
             end = _skip_string(text, i)
@@ -90,7 +84,6 @@ def _elements(text: str, p: int) -> tuple[list[tuple[int, int]], int | None]:
             spans.append((start, i))
             start = i + 1
         i += 1
-    return spans, None
 
 
 def _func_name(node: ast.expr) -> str:
