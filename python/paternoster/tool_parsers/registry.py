@@ -1,0 +1,58 @@
+"""Lookup of tool parsers by name.
+
+The built-in parsers are declared under the entry-point group
+``paternoster.tool_parsers`` in pyproject.toml (``name = "module:Class"``); a
+third-party package registers its own parsers in the same group. The built-ins
+are also known without the package metadata, so an out-of-date install still
+finds them.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib.metadata import entry_points
+
+from paternoster.tool_parsers.base import ToolParser
+
+ENTRY_POINT_GROUP = "paternoster.tool_parsers"
+
+BUILTIN_TOOL_PARSERS: dict[str, str] = {
+    "hermes": "paternoster.tool_parsers.hermes:HermesToolParser",
+    "llama3_json": "paternoster.tool_parsers.llama3_json:Llama3JsonToolParser",
+    "mistral": "paternoster.tool_parsers.mistral:MistralToolParser",
+    "pythonic": "paternoster.tool_parsers.pythonic:PythonicToolParser",
+    "qwen3_coder": "paternoster.tool_parsers.qwen3_coder:Qwen3CoderToolParser",
+}
+
+
+def available_tool_parsers() -> list[str]:
+    """Names of the built-in and installed tool parsers, sorted."""
+    names = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return sorted(names | set(BUILTIN_TOOL_PARSERS))
+
+
+def get_tool_parser(name: str) -> type[ToolParser]:
+    """The :class:`ToolParser` subclass registered as ``name``.
+
+    An installed entry point of that name wins over the built-in one.
+
+    Raises:
+        ValueError: ``name`` is not a known parser (the message names the
+            argument and lists the built-in and installed parsers), or the entry
+            point is not a ToolParser subclass.
+    """
+    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if matches:
+        cls, where = matches[0].load(), matches[0].value
+    elif name in BUILTIN_TOOL_PARSERS:
+        where = BUILTIN_TOOL_PARSERS[name]
+        module, _, attr = where.partition(":")
+        cls = getattr(import_module(module), attr)
+    else:
+        raise ValueError(
+            f"tool parser name {name!r} is unknown; built-in: "
+            f"{', '.join(sorted(BUILTIN_TOOL_PARSERS))}; installed: "
+            f"{', '.join(available_tool_parsers())}")
+    if not (isinstance(cls, type) and issubclass(cls, ToolParser)):
+        raise ValueError(f"tool parser {name!r} ({where}) is not a ToolParser subclass")
+    return cls
