@@ -7,7 +7,8 @@ SGLang and TensorRT-LLM).
 A request carries its constraint as ``SamplingParams.structured_outputs``,
 a map with exactly one of vLLM's keys:
 
-- ``json``: a JSON schema (a dict, or its JSON text); the output is compact
+- ``json``: a JSON schema (a dict, or its JSON text; properties are
+  generated in the schema's order); the output is compact
   JSON (``", "`` and ``": "`` separators, no other whitespace: a free choice
   of whitespace lets small models pad forever);
 - ``json_object``: ``True``: any JSON object (OpenAI's ``response_format``
@@ -57,8 +58,8 @@ def _xgrammar():
 
 def normalize_spec(spec: Any) -> dict[str, Any]:
     """A ``structured_outputs`` map in canonical form: one key of
-    :data:`SPEC_KEYS`; ``json`` as compact JSON text with sorted keys (so equal
-    schemas share one compiled grammar).
+    :data:`SPEC_KEYS`; ``json`` as compact JSON text, key order kept (the
+    order properties are generated in).
 
     Raises:
         ValueError: naming ``structured_outputs`` or ``structured_outputs.<key>``:
@@ -87,7 +88,8 @@ def normalize_spec(spec: Any) -> dict[str, Any]:
                 raise ValueError(f"{where} is not valid JSON: {e}") from e
         if not isinstance(value, (dict, bool)):
             raise ValueError(f"{where} must be a JSON schema object, got {type(value).__name__}")
-        value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        _check_schema(value, where)
+        value = json.dumps(value, separators=(",", ":"))
     elif key == "json_object":
         if value is not True:
             raise ValueError(f"{where} must be true")
@@ -95,6 +97,8 @@ def normalize_spec(spec: Any) -> dict[str, Any]:
         if (not isinstance(value, list) or not value
                 or not all(isinstance(c, str) and c for c in value)):
             raise ValueError(f"{where} must be a non-empty list of non-empty strings")
+        if any("\x00" in c for c in value):
+            raise ValueError(f"{where}: a choice may not contain the NUL character")
     elif not isinstance(value, str) or not value:
         raise ValueError(f"{where} must be a non-empty string")
     if isinstance(value, str) and len(value) > MAX_SPEC_CHARS:
@@ -102,6 +106,63 @@ def normalize_spec(spec: Any) -> dict[str, Any]:
     if key == "choice" and sum(len(c) for c in value) > MAX_SPEC_CHARS:
         raise ValueError(f"{where} is longer than {MAX_SPEC_CHARS} characters")
     return {key: value}
+
+
+#: JSON Schema keywords xgrammar does not enforce (it would only log a warning
+#: and generate output that breaks them): refused, as vLLM refuses them for xgrammar.
+UNSUPPORTED_SCHEMA_KEYWORDS = frozenset({
+    "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+    "dependencies", "uniqueItems", "multipleOf", "contains", "minContains", "maxContains",
+    "unevaluatedProperties", "unevaluatedItems",
+})
+#: Deepest nesting of a schema accepted (xgrammar's parse grows steeply with it).
+MAX_SCHEMA_DEPTH = 32
+#: Keys whose value is a map of names to schemas.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def _check_schema(schema: Any, where: str, depth: int = 0) -> None:
+    """Refuse what xgrammar would not enforce: :data:`UNSUPPORTED_SCHEMA_KEYWORDS`,
+    a ``pattern`` that is not a regular expression it supports, nesting
+    deeper than :data:`MAX_SCHEMA_DEPTH`.
+
+    Raises:
+        ValueError: naming ``where`` and the keyword.
+    """
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"{where}: the schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    if isinstance(schema, list):
+        for item in schema:
+            _check_schema(item, where, depth + 1)
+        return
+    if not isinstance(schema, dict):
+        return
+    found = sorted(UNSUPPORTED_SCHEMA_KEYWORDS & set(schema))
+    if found:
+        raise ValueError(f"{where}: JSON Schema keyword {found[0]!r} is not supported "
+                         f"(the output could not be made to follow it)")
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and _xgrammar_available():
+        try:
+            _xgrammar().Grammar.from_regex(pattern)
+        except Exception as e:  # noqa: BLE001 - xgrammar's RuntimeError
+            raise ValueError(f"{where}: unsupported pattern {pattern!r}: "
+                             f"{_first_line(str(e))}") from e
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            for sub in value.values():
+                _check_schema(sub, where, depth + 1)
+        elif isinstance(value, (dict, list)) and key not in ("enum", "const", "default",
+                                                            "examples", "required"):
+            _check_schema(value, where, depth + 1)
+
+
+def _xgrammar_available() -> bool:
+    try:
+        _xgrammar()
+    except ValueError:
+        return False
+    return True
 
 
 def _choice_ebnf(choices: list[str]) -> str:
@@ -148,6 +209,31 @@ def _grammar(spec: dict[str, Any]):
 
 
 def check_spec(spec: dict[str, Any]) -> None:
+    """:func:`_check_spec` cached by the spec (a repeated schema is parsed
+    once). Raises as it."""
+    key = json.dumps(spec)
+    with _checked_lock:
+        cached = _checked.get(key)
+    if cached is None:
+        try:
+            _check_spec(spec)
+            cached = ""
+        except ValueError as e:
+            cached = str(e)
+        with _checked_lock:
+            _checked[key] = cached
+            while len(_checked) > _CHECKED_MAX:
+                _checked.pop(next(iter(_checked)))
+    if cached:
+        raise ValueError(cached)
+
+
+_checked: dict[str, str] = {}  # spec -> "" (fine) or the error message
+_checked_lock = threading.Lock()
+_CHECKED_MAX = 1024
+
+
+def _check_spec(spec: dict[str, Any]) -> None:
     """Parse a normalized spec with xgrammar, so that a bad constraint is
     refused before it reaches the engine.
 
@@ -180,8 +266,10 @@ def _first_line(message: str) -> str:
 
 class GrammarCompiler:
     """Compiles specs against a model's vocabulary, once per distinct spec
-    (an LRU of compiled grammars, and xgrammar's own cache beneath it), on a
-    background thread so a step never waits for a compile it does not need.
+    (kept for the process's life, and xgrammar's own cache beneath it), on
+    a background thread. The engine waits for a new request's compile on
+    admission, so a huge constraint (a 20000-string enum: about 5 s) delays
+    the other requests' steps while it compiles.
 
     Args:
         tokenizer: the model's Hugging Face tokenizer.
@@ -225,11 +313,13 @@ class GrammarState:
 
     Args:
         compiled: the future from :meth:`GrammarCompiler.compile_async`.
+        vocab_size: the model's logits width.
     """
 
-    def __init__(self, compiled: Future) -> None:
+    def __init__(self, compiled: Future, vocab_size: int) -> None:
         self._compiled = compiled
         self._matcher = None
+        self._vocab_size = vocab_size
 
     @property
     def matcher(self):
@@ -250,13 +340,31 @@ class GrammarState:
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the allowed next tokens into ``bitmask[row]`` (int32 words,
-        bit ``t`` of the row = token ``t`` allowed)."""
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+        bit ``t`` of the row = token ``t`` allowed). Once the grammar is
+        complete and a stop token accepted (the request goes on only with
+        ``ignore_eos``), only the stop tokens are allowed: the text stays the
+        grammar's."""
+        if not self.terminated:
+            self.matcher.fill_next_token_bitmask(bitmask, row)
+            return
+        bitmask[row] = 0
+        for t in self.matcher.stop_token_ids:
+            bitmask[row, t // 32] |= 1 << (t % 32) if t % 32 < 31 else -(1 << 31)
 
     def accept(self, token: int) -> bool:
         """Advance past a sampled token; False if the grammar rejects it (then
-        the state is unchanged)."""
+        the state is unchanged). After termination a stop token is accepted."""
+        if self.terminated:
+            return int(token) in self.matcher.stop_token_ids
         return bool(self.matcher.accept_token(int(token)))
+
+    def admits_output(self) -> bool:
+        """Whether the grammar allows any first token (an empty language,
+        e.g. ``root ::= root``, allows none)."""
+        xgr = _xgrammar()
+        bitmask = xgr.allocate_token_bitmask(1, self._vocab_size)
+        self.matcher.fill_next_token_bitmask(bitmask, 0)
+        return bool(bitmask.any())
 
 
 def fill_bitmasks(states: list[GrammarState], rows: list[int],
@@ -297,6 +405,23 @@ def apply_bitmasks(logits, rows: list[int], forbidden) -> None:
         return
     for k, row in enumerate(rows):
         logits[row].masked_fill_(forbidden[k], float("-inf"))
+
+
+def keep_grammar_rows(logits, rows: list[int], constrained) -> None:
+    """Rows whose other masks (``allowed_token_ids``, ``bad_words``,
+    ``min_tokens``) left no token the grammar allows get their
+    grammar-masked logits back: the grammar wins, so the output still
+    follows it.
+
+    Args:
+        logits: float32 ``[N, V]`` after every mask. rows: the constrained
+            rows. constrained: those rows' logits after the grammar mask only.
+    """
+    import torch
+
+    dead = torch.isneginf(logits[rows]).all(dim=1).nonzero().flatten().tolist()
+    for k in dead:
+        logits[rows[k]] = constrained[k]
 
 
 def accept_tokens(states: list[GrammarState], tokens: list[int]) -> int:

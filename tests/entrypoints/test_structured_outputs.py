@@ -37,6 +37,11 @@ def _texts(outputs) -> list[str]:
 
 
 @pytest.fixture(scope="module")
+def tokenizer(llm):
+    return llm.tokenizer
+
+
+@pytest.fixture(scope="module")
 def llm():
     return LLM(max_num_seqs=16, num_threads=2)
 
@@ -111,6 +116,53 @@ def test_chunked_prefill_and_preemption_keep_outputs_valid():
 def test_a_constraint_the_engine_cannot_compile_is_a_value_error(llm):
     with pytest.raises(ValueError, match="structured_outputs"):
         llm.generate(PROMPTS[:1], SamplingParams(structured_outputs={"regex": "a(b"}))
+    with pytest.raises(ValueError, match="admits no output"):
+        llm.generate(PROMPTS[:1], SamplingParams(structured_outputs={"grammar": "root ::= root"}))
+    assert llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+
+
+def test_the_grammar_wins_over_masks_that_leave_it_no_token(llm, tokenizer):
+    """allowed_token_ids holding only "yes": after it the grammar needs EOS,
+    which the list forbids; the output still ends as the grammar says."""
+    yes = tokenizer.encode("yes", add_special_tokens=False)
+    assert len(yes) == 1
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(temperature=temperature, seed=1, max_tokens=5,
+                                allowed_token_ids=yes,
+                                structured_outputs={"choice": ["yes", "no"]})
+        choice = llm.generate(PROMPTS[:2], params)[0].outputs[0]
+        assert (choice.text, choice.finish_reason) == ("yes", "stop")
+
+
+def test_ignore_eos_keeps_the_text_the_grammars(llm):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 99}},
+              "required": ["n"]}
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
+                            structured_outputs={"json": schema})
+    choice = llm.generate(PROMPTS[:1], params)[0].outputs[0]
+    assert choice.finish_reason == "length" and len(choice.token_ids) == 30
+    assert set(json.loads(choice.text)) == {"n"}
+
+
+def test_properties_come_in_the_schema_order(llm):
+    schema = {"type": "object", "properties": {"zeta": {"type": "integer"},
+                                               "alpha": {"type": "integer"}},
+              "required": ["zeta", "alpha"]}
+    params = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs={"json": schema})
+    text = llm.generate(PROMPTS[:1], params)[0].outputs[0].text
+    assert list(json.loads(text)) == ["zeta", "alpha"], text
+
+
+@pytest.mark.parametrize(("spec", "match"), [
+    ({"json": {"type": "array", "uniqueItems": True}}, "uniqueItems"),
+    ({"json": {"type": "object", "properties": {"a": {"allOf": [{}]}}}}, "allOf"),
+    ({"json": {"type": "integer", "multipleOf": 7}}, "multipleOf"),
+    ({"json": {"type": "string", "pattern": "(?=x)"}}, "unsupported pattern"),
+    ({"choice": ["a\x00b"]}, "NUL"),
+])
+def test_constraints_xgrammar_would_not_enforce_are_refused(spec, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(structured_outputs=spec)
 
 
 # ------------------------------------------------------------------- HTTP
@@ -172,6 +224,9 @@ def test_completions_endpoint_takes_structured_outputs_and_guided_aliases(client
     ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs"),
     ({"guided_grammar": "root ::= missing"}, "guided_grammar"),
     ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "pattern": "(?=x)"}}}}, "response_format"),
+    ({"structured_outputs": {"grammar": "root ::= root"}}, None),
 ])
 def test_bad_constraints_are_a_400_naming_the_field(client, body, param):
     import openai
@@ -181,3 +236,7 @@ def test_bad_constraints_are_a_400_naming_the_field(client, body, param):
                                        messages=[{"role": "user", "content": "hi"}],
                                        extra_body=body)
     assert err.value.body["param"] == param, err.value.body
+    # the engine is still up
+    r = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=2,
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content is not None

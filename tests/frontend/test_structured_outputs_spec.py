@@ -14,11 +14,12 @@ from paternoster.structured_outputs import MAX_SPEC_CHARS, check_spec, normalize
 xgr = pytest.importorskip("xgrammar")
 
 
-def test_json_schema_is_canonical_text():
+def test_json_schema_is_compact_text_in_the_schemas_order():
+    """Property order is kept (it is the order of the generated keys)."""
     a = normalize_spec({"json": {"type": "object", "properties": {"b": {}, "a": {}}}})
-    b = normalize_spec({"json": '{"properties": {"a": {}, "b": {}}, "type": "object"}'})
-    assert a == b
-    assert json.loads(a["json"]) == {"type": "object", "properties": {"a": {}, "b": {}}}
+    b = normalize_spec({"json": '{"type": "object",  "properties": {"b": {}, "a": {}}}'})
+    assert a == b == {"json": '{"type":"object","properties":{"b":{},"a":{}}}'}
+    assert list(json.loads(a["json"])["properties"]) == ["b", "a"]
 
 
 @pytest.mark.parametrize(("spec", "match"), [

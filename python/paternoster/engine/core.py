@@ -277,7 +277,10 @@ class EngineCore:
             raise
         except Exception as e:  # noqa: BLE001 - xgrammar's compile errors
             raise ValueError(f"structured_outputs: cannot compile the constraint: {e}") from e
-        return GrammarState(compiled)
+        state = GrammarState(compiled, self.runner.vocab_size)
+        if not state.admits_output():
+            raise ValueError("structured_outputs: the constraint admits no output at all")
+        return state
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         """Abort live requests (waiting, running or preempted); unknown ids are ignored.

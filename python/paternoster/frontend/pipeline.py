@@ -33,6 +33,7 @@ from paternoster.frontend.processor import (
 )
 from paternoster.metrics.requests import RequestMetrics
 from paternoster.sampling_params import MAX_N
+from paternoster.structured_outputs import check_spec
 
 Prompt = str | Sequence[int]
 """A prompt: text, or token ids."""
@@ -52,6 +53,8 @@ class RequestOptions:
         add_special_tokens: tokenize text prompts with BOS etc.
         prompt_param: the field errors about the prompt name (``messages``
             for chat).
+        constraint_param: the field errors about the structured-output
+            constraint name (``response_format`` when it came from there).
     """
 
     request_id_prefix: str = "req"
@@ -60,6 +63,7 @@ class RequestOptions:
     default_max_tokens: int | None = None
     add_special_tokens: bool = True
     prompt_param: str = "prompt"
+    constraint_param: str = "structured_outputs"
 
 
 @dataclass
@@ -165,6 +169,11 @@ class Frontend:
         params = self.processor.sampling_params(
             sampling, [len(p) for p in ids], options.default_max_tokens, options.prompt_param
         )
+        if params.structured_outputs is not None:
+            try:  # xgrammar's parse can take seconds for a deep schema: not on the loop
+                await self.run_tokenizer(check_spec, params.structured_outputs)
+            except ValueError as e:
+                raise InvalidRequestError(str(e), options.constraint_param) from e
         reservation = self.client.check_capacity(len(ids) * params.n,
                                                  sum(map(len, ids)) * params.n)  # fmt: skip
         try:

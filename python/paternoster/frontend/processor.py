@@ -24,7 +24,6 @@ from typing import Any
 from paternoster.frontend.chat import ChatTemplateError, render_chat
 from paternoster.frontend.errors import InvalidRequestError
 from paternoster.sampling_params import MAX_N, SamplingParams
-from paternoster.structured_outputs import check_spec
 
 DEFAULT_MAX_STOP = 64
 _PARAM_RE = re.compile(r"^(\w+)(?: keys| values)? must")
@@ -201,8 +200,6 @@ class InputProcessor:
             fields["max_tokens"] = max_tokens if room >= 1 else None  # None: say it is too long
         try:
             params = SamplingParams(**fields).prepare(self.tokenizer)
-            if params.structured_outputs is not None:
-                check_spec(params.structured_outputs)
         except ValueError as e:
             raise InvalidRequestError(str(e), param_of(e)) from e
         except TypeError as e:  # an unknown field: a protocol mapping bug, not user input

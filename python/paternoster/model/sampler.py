@@ -45,7 +45,12 @@ from paternoster.model.interface import ModelInput, ModelRunnerOutput, PromptChu
 from paternoster.model.logits_processors import apply_logits_processors
 from paternoster.request import Request
 from paternoster.sampling_params import SamplingParams
-from paternoster.structured_outputs import accept_tokens, apply_bitmasks, fill_bitmasks
+from paternoster.structured_outputs import (
+    accept_tokens,
+    apply_bitmasks,
+    fill_bitmasks,
+    keep_grammar_rows,
+)
 
 CANDIDATE_MAX_K = 256  # rows with top_k up to this use the candidate path
 
@@ -115,7 +120,7 @@ class Sampler:
             ``rows`` index the sampling rows (``sample_rows`` order).
         """
         reqs = [model_input.requests[i] for i in model_input.sample_rows.tolist()]
-        rows = [j for j, r in enumerate(reqs) if r.grammar is not None and not r.grammar.terminated]
+        rows = [j for j, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return None
         if self._grammar_thread is None:
@@ -175,7 +180,10 @@ class Sampler:
         raw = logits[want].log_softmax(dim=-1) if want else None  # before processing
         if masks is not None:
             apply_bitmasks(logits, *masks)
+            constrained = logits[masks[0]].clone()
         apply_logits_processors(logits, reqs)
+        if masks is not None:  # the grammar wins where other masks left no token
+            keep_grammar_rows(logits, masks[0], constrained)
         tokens = self.sample(logits, params, [r.generator for r in reqs])
         if masks is not None:
             accept_tokens([reqs[j].grammar for j in masks[0]], tokens[masks[0]].tolist())

@@ -68,7 +68,7 @@ from paternoster.frontend.output_processor import SequenceState
 from paternoster.frontend.pipeline import Frontend, RequestOptions, Submitted
 from paternoster.frontend.processor import ChatInput, check_text
 from paternoster.sampling_params import MAX_LOGPROBS
-from paternoster.structured_outputs import check_spec, normalize_spec
+from paternoster.structured_outputs import normalize_spec
 
 logger = logging.getLogger("paternoster.server")
 
@@ -276,9 +276,12 @@ class OpenAIServing:
             APIError: 400 bad input, 503 engine down.
             EngineOverloadedError: the waiting queue is full (nothing reserved).
         """
+        sampling = dict(sampling)
+        constraint_param = sampling.pop(SOURCE_PARAM, "structured_outputs")
         options = RequestOptions(
             request_id_prefix=prefix, priority=body.priority, cache_salt=body.cache_salt,
             default_max_tokens=default_max_tokens, prompt_param=prompt_param,
+            constraint_param=constraint_param,
         )  # fmt: skip
         try:
             sub: Submitted = await self.frontend.submit(prompts, sampling, options)
@@ -309,6 +312,7 @@ class OpenAIServing:
             fields["logit_bias"] = _logit_bias(fields["logit_bias"])
         spec = _structured_outputs(body)
         if spec is not None:
+            fields[SOURCE_PARAM] = spec.pop(SOURCE_PARAM)
             fields["structured_outputs"] = spec
         return fields
 
@@ -425,10 +429,16 @@ def _chat_input(body: Any, messages: list[ChatMessage]) -> ChatInput:
                      body.continue_final_message, body.add_special_tokens)  # fmt: skip
 
 
+#: Key of the sampling fields carrying the field a constraint came from (popped
+#: before the pipeline sees them; it names that field in the constraint's errors).
+SOURCE_PARAM = "_constraint_param"
+
+
 def _structured_outputs(body: Any) -> dict[str, Any] | None:
     """The request's constraint, from ``structured_outputs``, OpenAI's
     ``response_format`` or vLLM's older ``guided_*`` fields (at most one of
-    them), normalized and parsed by xgrammar.
+    them), normalized (xgrammar parses it in the pipeline, off the event
+    loop), with :data:`SOURCE_PARAM` naming the field it came from.
 
     Raises:
         APIError: 400 naming the field: two of them set, a ``json_schema``
@@ -457,10 +467,9 @@ def _structured_outputs(body: Any) -> dict[str, Any] | None:
     (param, spec), = sources.items()
     try:
         spec = normalize_spec(spec)
-        check_spec(spec)
     except ValueError as e:
         raise bad_request(str(e), param) from None
-    return spec
+    return {**spec, SOURCE_PARAM: param}
 
 
 def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
