@@ -212,6 +212,10 @@ def test_completions_endpoint_takes_structured_outputs_and_guided_aliases(client
         r = client.completions.create(model=model, prompt="Turn", max_tokens=8, n=3,
                                       temperature=1.0, seed=4, extra_body=extra)
         assert {c.text for c in r.choices} <= {"left", "right"}
+    r = client.completions.create(model=model, prompt="A JSON object:", max_tokens=60,
+                                  temperature=0, extra_body={"response_format":
+                                                             {"type": "json_object"}})
+    assert isinstance(json.loads(r.choices[0].text), dict), r.choices[0].text
 
 
 @pytest.mark.parametrize(("body", "param"), [
