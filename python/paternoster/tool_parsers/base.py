@@ -155,6 +155,19 @@ def skip_ws(text: str, pos: int) -> int:
     return pos
 
 
+def content_until(text: str, start: int, tag: str, final: bool) -> tuple[str, int]:
+    """The content from ``start`` up to the next ``tag`` and that tag's index,
+    or, without one, the rest of the text and -1 (less a suffix that could
+    begin ``tag`` unless ``final``: it may be the tag arriving)."""
+    i = text.find(tag, start)
+    if i >= 0:
+        return text[start:i], i
+    tail = text[start:]
+    if not final:
+        tail = tail[:len(tail) - partial_tag_len(tail, (tag,))]
+    return tail, -1
+
+
 def partial_tag_len(text: str, tags: Iterable[str]) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of a tag."""
     best = 0

@@ -21,7 +21,7 @@ and including the next ``</tool_call>``, or to the end of the text.
 from __future__ import annotations
 
 from paternoster.tool_parsers._json import parse_call_object
-from paternoster.tool_parsers.base import PENDING, ToolParser, _Call, partial_tag_len, skip_ws
+from paternoster.tool_parsers.base import PENDING, ToolParser, _Call, content_until, skip_ws
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -37,14 +37,10 @@ class HermesToolParser(ToolParser):
         items: list = []
         pos = 0
         while True:
-            i = text.find(START, pos)
+            content, i = content_until(text, pos, START, final)
+            items.append(content)
             if i < 0:
-                tail = text[pos:]
-                if not final:
-                    tail = tail[:len(tail) - partial_tag_len(tail, (START,))]
-                items.append(tail)
                 return items
-            items.append(text[pos:i])
             body = i + len(START)
             r = parse_call_object(text, body, self.arg_keys, self.known_function)
             if r.kind == "complete":

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 from paternoster.tool_parsers._json import JsonError, parse_call_object, scan_value
-from paternoster.tool_parsers.base import PENDING, ToolParser, _Call, partial_tag_len, skip_ws
+from paternoster.tool_parsers.base import PENDING, ToolParser, _Call, content_until, skip_ws
 
 TAG = "[TOOL_CALLS]"
 _NAMED = re.compile(r"([A-Za-z0-9_.\-]+)(?:\[CALL_ID\][A-Za-z0-9_\-]*)?\[ARGS\]")
@@ -42,14 +42,10 @@ class MistralToolParser(ToolParser):
         items: list = []
         pos = 0
         while True:
-            i = text.find(TAG, pos)
+            content, i = content_until(text, pos, TAG, final)
+            items.append(content)
             if i < 0:
-                tail = text[pos:]
-                if not final:
-                    tail = tail[:len(tail) - partial_tag_len(tail, (TAG,))]
-                items.append(tail)
                 return items
-            items.append(text[pos:i])
             p = skip_ws(text, i + len(TAG))
             if p >= len(text):
                 items.append(PENDING if not final else text[i:])
@@ -66,14 +62,10 @@ class MistralToolParser(ToolParser):
                 items.extend(calls)
                 return items
             # malformed: content up to the next tag
-            j = text.find(TAG, p)
+            content, j = content_until(text, p, TAG, final)
+            items.append(text[i:p] + content)
             if j < 0:
-                tail = text[i:]
-                if not final:
-                    tail = tail[:len(tail) - partial_tag_len(tail, (TAG,))]
-                items.append(tail)
                 return items
-            items.append(text[i:j])
             pos = j
 
     def _list(self, text: str, p: int) -> tuple[str, list, int]:

@@ -39,6 +39,7 @@ from paternoster.tool_parsers.base import (
     PENDING,
     ToolParser,
     _Call,
+    content_until,
     dumps_compact,
     partial_tag_len,
     skip_ws,
@@ -98,14 +99,10 @@ class Qwen3CoderToolParser(ToolParser):
         items: list = []
         pos = 0
         while True:
-            i = text.find(START, pos)
+            content, i = content_until(text, pos, START, final)
+            items.append(content)
             if i < 0:
-                tail = text[pos:]
-                if not final:
-                    tail = tail[:len(tail) - partial_tag_len(tail, (START,))]
-                items.append(tail)
                 return items
-            items.append(text[pos:i])
             body = i + len(START)
             kind, name, args, end = self._function(text, skip_ws(text, body))
             if kind == "complete":
