@@ -178,12 +178,16 @@ class Sampler:
         params = [r.sampling_params for r in reqs]
         want = [j for j, p in enumerate(params) if p.logprobs is not None]
         raw = logits[want].log_softmax(dim=-1) if want else None  # before processing
+        guarded: list[int] = []
         if masks is not None:
             apply_bitmasks(logits, *masks)
-            constrained = logits[masks[0]].clone()
+            # Rows whose other settings can mask tokens too: the grammar wins
+            # where together they leave none (a copy of just those rows).
+            guarded = [j for j in masks[0] if _can_mask(params[j])]
+            kept = logits[guarded].clone() if guarded else None
         apply_logits_processors(logits, reqs)
-        if masks is not None:  # the grammar wins where other masks left no token
-            keep_grammar_rows(logits, masks[0], constrained)
+        if guarded:
+            keep_grammar_rows(logits, guarded, kept)
         tokens = self.sample(logits, params, [r.generator for r in reqs])
         if masks is not None:
             accept_tokens([reqs[j].grammar for j in masks[0]], tokens[masks[0]].tolist())
@@ -191,6 +195,11 @@ class Sampler:
             return tokens, {}
         lp = compute_logprobs(raw, tokens[want], [params[j].logprobs for j in want])
         return tokens, {reqs[j].request_id: lp.position(k) for k, j in enumerate(want)}
+
+
+def _can_mask(p: SamplingParams) -> bool:
+    """Whether the logits processors may set some of this row's logits to -inf."""
+    return bool(p.allowed_token_ids or p.bad_words_token_ids or p.min_tokens)
 
 
 def _score_prompts(chunks: list[PromptChunk], logits: torch.Tensor) -> dict[str, Logprobs]:
