@@ -30,6 +30,18 @@ def test_models_and_health(server, client):
     assert models[0].model_extra["max_model_len"] == 2048
     r = server.get("/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
+    assert client.models.retrieve("SmolLM2-135M-Instruct").id == "SmolLM2-135M-Instruct"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.body["param"] == "model"
+
+
+@pytest.mark.parametrize("content", [[], [{"type": "text"}], [{"text": "a"}, {"type": "text"}]])
+def test_chat_content_parts_without_text_are_a_400(client, model, content):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, max_tokens=2,
+                                       messages=[{"role": "user", "content": content}])
+    assert err.value.body["param"] == "messages"
 
 
 def test_completion_usage_is_exact(client, model, tokenizer):

@@ -1,6 +1,7 @@
 """The FastAPI app and the uvicorn runner of the OpenAI-compatible server.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (and
+/v1/models/{id}),
 POST /tokenize and POST /detokenize (vLLM's shapes), GET /version,
 GET /health (200, or 503 with the reason once the engine died), GET /stats
 (the engine's stats as of its latest step; for tests and dashboards), GET /metrics
@@ -324,6 +325,14 @@ def build_app(
             max_model_len=serving.max_model_len,
         )
         return ModelList(data=[card])
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> ModelCard:
+        """The served model by its id (OpenAI's retrieve); 404 for another id."""
+        if model_id != served_model_name:
+            raise APIError(404, f"The model `{model_id}` does not exist.", "model")
+        return ModelCard(id=served_model_name, root=client.info.get("model_dir"),
+                         max_model_len=serving.max_model_len)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -415,15 +415,23 @@ def _chat_input(body: Any, messages: list[ChatMessage]) -> ChatInput:
     """Chat messages (text parts joined) and the body's template settings.
 
     Raises:
-        APIError: 400 for a content part that is not text.
+        APIError: 400 for a content part that is not text or has no text,
+            or an empty list of parts.
     """
     converted = []
-    for m in messages:
+    for i, m in enumerate(messages):
         content = m.content
         if isinstance(content, list):
             if any(p.type != "text" for p in content):
                 raise bad_request("only text content parts are supported", "messages")
-            content = "".join(p.text or "" for p in content)
+            if not content:
+                raise bad_request(f"messages[{i}].content must not be an empty list",
+                                  "messages")
+            missing = [j for j, p in enumerate(content) if p.text is None]
+            if missing:
+                raise bad_request(f"messages[{i}].content[{missing[0]}] is a text part "
+                                  f"without text", "messages")
+            content = "".join(p.text for p in content)
         converted.append({"role": m.role, "content": content})
     return ChatInput(converted, body.chat_template, body.add_generation_prompt,
                      body.continue_final_message, body.add_special_tokens)  # fmt: skip
