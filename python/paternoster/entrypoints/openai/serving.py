@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi import Request
 
+from paternoster.entrypoints.openai.constraints import SOURCE_PARAM, structured_outputs
 from paternoster.entrypoints.openai.errors import APIError, bad_request
 from paternoster.entrypoints.openai.logprobs import (
     CompletionLogprobsBuilder,
@@ -68,7 +69,6 @@ from paternoster.frontend.output_processor import SequenceState
 from paternoster.frontend.pipeline import Frontend, RequestOptions, Submitted
 from paternoster.frontend.processor import ChatInput, check_text
 from paternoster.sampling_params import MAX_LOGPROBS
-from paternoster.structured_outputs import normalize_spec
 
 logger = logging.getLogger("paternoster.server")
 
@@ -310,7 +310,7 @@ class OpenAIServing:
                   if (value := getattr(body, name)) is not None}  # fmt: skip
         if "logit_bias" in fields:
             fields["logit_bias"] = _logit_bias(fields["logit_bias"])
-        spec = _structured_outputs(body)
+        spec = structured_outputs(body)
         if spec is not None:
             fields[SOURCE_PARAM] = spec.pop(SOURCE_PARAM)
             fields["structured_outputs"] = spec
@@ -435,49 +435,6 @@ def _chat_input(body: Any, messages: list[ChatMessage]) -> ChatInput:
         converted.append({"role": m.role, "content": content})
     return ChatInput(converted, body.chat_template, body.add_generation_prompt,
                      body.continue_final_message, body.add_special_tokens)  # fmt: skip
-
-
-#: Key of the sampling fields carrying the field a constraint came from (popped
-#: before the pipeline sees them; it names that field in the constraint's errors).
-SOURCE_PARAM = "_constraint_param"
-
-
-def _structured_outputs(body: Any) -> dict[str, Any] | None:
-    """The request's constraint, from ``structured_outputs``, OpenAI's
-    ``response_format`` or vLLM's older ``guided_*`` fields (at most one of
-    them), normalized (xgrammar parses it in the pipeline, off the event
-    loop), with :data:`SOURCE_PARAM` naming the field it came from.
-
-    Raises:
-        APIError: 400 naming the field: two of them set, a ``json_schema``
-            response format without a schema, or an invalid constraint.
-    """
-    sources: dict[str, dict[str, Any]] = {}
-    if body.structured_outputs is not None:
-        sources["structured_outputs"] = body.structured_outputs
-    fmt = body.response_format
-    if fmt is not None and fmt.type == "json_object":
-        sources["response_format"] = {"json_object": True}
-    elif fmt is not None and fmt.type == "json_schema":
-        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
-            raise bad_request("response_format of type json_schema needs json_schema.schema",
-                              "response_format")
-        sources["response_format"] = {"json": fmt.json_schema.json_schema}
-    for key in ("json", "regex", "choice", "grammar"):
-        value = getattr(body, f"guided_{key}")
-        if value is not None:
-            sources[f"guided_{key}"] = {key: value}
-    if not sources:
-        return None
-    if len(sources) > 1:
-        names = sorted(sources)
-        raise bad_request(f"set only one of {', '.join(names)}", names[1])
-    (param, spec), = sources.items()
-    try:
-        spec = normalize_spec(spec)
-    except ValueError as e:
-        raise bad_request(str(e), param) from None
-    return {**spec, SOURCE_PARAM: param}
 
 
 def _logit_bias(bias: dict[str, float]) -> dict[int, float]:
