@@ -69,6 +69,16 @@ def make_parser() -> argparse.ArgumentParser:
         help="Jinja chat template file replacing the model's own (or supplying a missing one)",
     )  # fmt: skip
     g.add_argument(
+        "--tool-call-parser", default=None, metavar="NAME",
+        help="read tool calls out of chat output in this model family's format, for "
+        "tool_choice auto (built-in: hermes (Qwen2.5/Qwen3/Hermes), qwen3_coder, llama3_json, "
+        "mistral, pythonic; more from the entry-point group paternoster.tool_parsers)",
+    )  # fmt: skip
+    g.add_argument(
+        "--enable-auto-tool-choice", action="store_true",
+        help="vLLM's switch, accepted: tool_choice auto works whenever --tool-call-parser is set",
+    )  # fmt: skip
+    g.add_argument(
         "--zmq-address", default=None, metavar="ENDPOINT",
         help="ZeroMQ endpoint of the msgpack client protocol (docs/protocol.md), e.g. "
              "tcp://127.0.0.1:5555; default ipc://<tmp>/paternoster-<port>.ipc; 'none' turns "
@@ -188,6 +198,18 @@ async def serve(args: argparse.Namespace) -> int:
         except ValueError as e:
             logger.error("%s", e)
             return 1
+    tool_parser = None
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        logger.error("--enable-auto-tool-choice needs --tool-call-parser NAME")
+        return 1
+    if args.tool_call_parser is not None:
+        from paternoster.tool_parsers import get_tool_parser
+
+        try:
+            tool_parser = get_tool_parser(args.tool_call_parser)
+        except ValueError as e:
+            logger.error("--tool-call-parser: %s", e)
+            return 1
     try:
         check_http_port(args.host, args.port)
         if args.zmq_address not in ("none", "off"):
@@ -238,7 +260,8 @@ async def serve(args: argparse.Namespace) -> int:
     zmq_server = None
     try:
         name = args.served_model_name or info["model"]
-        app = build_app(client, tokenizer, name, chat_template=chat_template, limits=limits)
+        app = build_app(client, tokenizer, name, chat_template=chat_template, limits=limits,
+                        tool_parser=tool_parser)  # fmt: skip
         logger.info(
             "model %s from %s: max_model_len=%d, %d KV blocks of %d tokens",
             name, info.get("model_dir"), app.state.serving.max_model_len,

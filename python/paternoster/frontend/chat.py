@@ -13,6 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+# apply_chat_template's own arguments, which chat_template_kwargs may not shadow.
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "tokenize",
+    "add_generation_prompt", "continue_final_message", "return_dict", "return_tensors",
+    "padding", "truncation", "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask",
+})
+
 
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered: no template, or the template failed.
@@ -57,6 +64,8 @@ def render_chat(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     add_special_tokens: bool = False,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, list[int]]:
     """Render a conversation and tokenize it.
 
@@ -71,12 +80,18 @@ def render_chat(
             ``add_generation_prompt``).
         add_special_tokens: let the tokenizer add its special tokens (BOS...)
             to the rendered text; a BOS the template wrote is never doubled.
+        tools: OpenAI ``tools`` items, rendered by templates that support
+            tools (HF's ``apply_chat_template(tools=...)``); others ignore them.
+        template_kwargs: extra variables for the template (``enable_thinking``
+            and the like); names the renderer itself uses are refused.
     Returns:
         ``(text, token ids)``.
     Raises:
         ChatTemplateError: no template at all (param ``chat_template``), both
             ``add_generation_prompt`` and ``continue_final_message`` set, or
-            the template failed on these messages (param ``messages``).
+            the template failed on these messages (param ``messages``), or a
+            template variable that shadows a renderer argument (param
+            ``chat_template_kwargs``).
     """
     if not has_chat_template(tokenizer, chat_template):
         raise ChatTemplateError(
@@ -94,7 +109,14 @@ def render_chat(
         raise ChatTemplateError(
             "continue_final_message needs an assistant message last", "continue_final_message"
         )
-    kwargs: dict[str, Any] = {}
+    reserved = sorted(set(template_kwargs or ()) & _RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise ChatTemplateError(
+            f"chat_template_kwargs must not set {reserved[0]!r}: it is a request field "
+            "or the renderer's own argument", "chat_template_kwargs")  # fmt: skip
+    kwargs: dict[str, Any] = dict(template_kwargs or {})
+    if tools:
+        kwargs["tools"] = tools
     if continue_final_message:
         kwargs["continue_final_message"] = True
     try:

@@ -45,6 +45,9 @@ class ChatInput:
         add_generation_prompt: end the prompt with the assistant turn's header.
         continue_final_message: leave the last (assistant) message open.
         add_special_tokens: let the tokenizer add BOS etc. (never a second BOS).
+        tools: OpenAI ``tools`` items (``{"type": "function", "function":
+            {...}}``) for the template to render, or ``None``.
+        template_kwargs: extra template variables (``chat_template_kwargs``).
     """
 
     messages: list[dict[str, Any]]
@@ -52,6 +55,8 @@ class ChatInput:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] | None = None
 
 
 class InputProcessor:
@@ -155,6 +160,7 @@ class InputProcessor:
                 add_generation_prompt=chat.add_generation_prompt,
                 continue_final_message=chat.continue_final_message,
                 add_special_tokens=chat.add_special_tokens,
+                tools=chat.tools, template_kwargs=chat.template_kwargs,
             )  # fmt: skip
         except ChatTemplateError as e:
             raise InvalidRequestError(str(e), e.param) from e

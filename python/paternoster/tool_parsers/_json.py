@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from paternoster.tool_parsers.base import dumps_compact, skip_ws
+from paternoster.tool_parsers.base import PENDING, _Call, dumps_compact, skip_ws
 
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _NUMBER_TAIL = re.compile(r"[0-9.eE+-]*")
@@ -215,3 +215,41 @@ def parse_call_object(text: str, pos: int, arg_keys: tuple[str, ...],
     if not isinstance(args_obj, dict) or not known(obj["name"]):
         return ERROR
     return CallParse("complete", obj["name"], dumps_compact(args_obj), end)
+
+
+def _open(calls: list) -> list:
+    """The calls of a list that is still open: parsed, but the list may yet fail."""
+    return [_Call(c.name, c.arguments, False, c.start) for c in calls]
+
+
+def scan_call_list(text: str, p: int, known: Callable[[str], bool]) -> tuple[str, list, int]:
+    """Read a JSON list of call objects (``{"name": ..., "arguments"|"parameters": {...}}``)
+    whose ``[`` is at ``p``.
+
+    Returns:
+        ``(state, items, end)``: ``complete`` with the calls and the index after
+        the ``]``; ``incomplete`` with the calls so far (not complete: the list
+        may yet fail) and a partial call or :data:`PENDING` last; ``error`` when
+        the text is not such a list.
+    """
+    calls: list = []
+    q = p + 1
+    while True:
+        q = skip_ws(text, q)
+        if q >= len(text):
+            return "incomplete", [*_open(calls), PENDING], -1
+        r = parse_call_object(text, q, ("arguments", "parameters"), known)
+        if r.kind == "error":
+            return "error", [], -1
+        if r.kind != "complete":
+            partial = _Call(r.name, r.arguments, False, q) if r.kind == "partial" else PENDING
+            return "incomplete", [*_open(calls), partial], -1
+        calls.append(_Call(r.name, r.arguments, True, q))
+        q = skip_ws(text, r.end)
+        if q >= len(text):
+            return "incomplete", [*_open(calls), PENDING], -1
+        if text[q] == "]":
+            return "complete", calls, q + 1
+        if text[q] != ",":
+            return "error", [], -1
+        q += 1

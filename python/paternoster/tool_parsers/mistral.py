@@ -21,16 +21,11 @@ from __future__ import annotations
 
 import re
 
-from paternoster.tool_parsers._json import JsonError, parse_call_object, scan_value
+from paternoster.tool_parsers._json import JsonError, scan_call_list, scan_value
 from paternoster.tool_parsers.base import PENDING, ToolParser, _Call, content_until, skip_ws
 
 TAG = "[TOOL_CALLS]"
 _NAMED = re.compile(r"([A-Za-z0-9_.\-]+)(?:\[CALL_ID\][A-Za-z0-9_\-]*)?\[ARGS\]")
-
-
-def _open(calls: list) -> list:
-    """The calls of a list that is still open: parsed, but the list may yet fail."""
-    return [_Call(c.name, c.arguments, False, c.start) for c in calls]
 
 
 class MistralToolParser(ToolParser):
@@ -51,7 +46,7 @@ class MistralToolParser(ToolParser):
                 items.append(PENDING if not final else text[i:])
                 return items
             if text[p] == "[":
-                state, calls, end = self._list(text, p)
+                state, calls, end = scan_call_list(text, p, self.known_function)
             else:
                 state, calls, end = self._named(text, p, i)
             if state == "complete":
@@ -67,29 +62,6 @@ class MistralToolParser(ToolParser):
             if j < 0:
                 return items
             pos = j
-
-    def _list(self, text: str, p: int) -> tuple[str, list, int]:
-        calls: list = []
-        q = p + 1
-        while True:
-            q = skip_ws(text, q)
-            if q >= len(text):
-                return "incomplete", [*_open(calls), PENDING], -1
-            r = parse_call_object(text, q, ("arguments", "parameters"), self.known_function)
-            if r.kind == "error":
-                return "error", [], -1
-            if r.kind != "complete":
-                partial = _Call(r.name, r.arguments, False, q) if r.kind == "partial" else PENDING
-                return "incomplete", [*_open(calls), partial], -1
-            calls.append(_Call(r.name, r.arguments, True, q))
-            q = skip_ws(text, r.end)
-            if q >= len(text):
-                return "incomplete", [*_open(calls), PENDING], -1
-            if text[q] == "]":
-                return "complete", calls, q + 1
-            if text[q] != ",":
-                return "error", [], -1
-            q += 1
 
     def _named(self, text: str, p: int, start: int) -> tuple[str, list, int]:
         m = _NAMED.match(text, p)

@@ -227,6 +227,7 @@ def build_app(
     served_model_name: str,
     chat_template: str | None = None,
     limits: ServerLimits | None = None,
+    tool_parser: type | None = None,
 ) -> FastAPI:
     """Create the FastAPI app over a started engine client.
 
@@ -238,6 +239,8 @@ def build_app(
             (``--chat-template FILE``).
         limits: API key, body size and per-request limits (default: no key,
             16 MiB bodies, ``n`` <= 128, 64 stop strings).
+        tool_parser: the ``--tool-call-parser`` class (a
+            :class:`~paternoster.tool_parsers.ToolParser`), or ``None``.
     Returns:
         The app (serve it with uvicorn); ``app.state.metrics`` is its
         :class:`ServerMetrics` (a registry of its own).
@@ -250,7 +253,7 @@ def build_app(
     limits = limits or ServerLimits()
     frontend = Frontend(client, tokenizer, served_model_name, metrics.requests, chat_template,
                         limits.max_n, limits.max_stop)  # fmt: skip
-    serving = OpenAIServing(frontend)
+    serving = OpenAIServing(frontend, tool_parser)
     app.state.frontend = frontend
     app.state.serving = serving
     app.state.metrics = metrics

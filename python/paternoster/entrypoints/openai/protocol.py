@@ -168,12 +168,66 @@ class TextPart(_Request):
     text: str | None = None
 
 
+class FunctionCall(_Request):
+    """The ``function`` of a tool call: its name and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallItem(_Request):
+    """An item of an assistant message's ``tool_calls`` (OpenAI's shape)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
-    """One chat message: ``role`` and ``content`` (string or text parts)."""
+    """One chat message: ``role`` and ``content`` (string or text parts).
+
+    An assistant message may carry the ``tool_calls`` it made (then ``content``
+    may be null) and the ``reasoning_content`` it produced (``reasoning`` is
+    vLLM's newer name for it); a ``tool`` message answers the call
+    ``tool_call_id``.
+    """
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function", "ipython"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class FunctionDefinition(_Request):
+    """A function the model may call: ``parameters`` is its arguments' JSON schema."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Request):
+    """An item of ``tools`` (only ``function`` tools exist)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    """The ``function`` of a named ``tool_choice``."""
+
+    name: str
+
+
+class NamedToolChoice(_Request):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class _ChatTemplateFields(_Request):
@@ -189,6 +243,10 @@ class _ChatTemplateFields(_Request):
         False, description="let the tokenizer add BOS etc. (never a second BOS)"
     )
     chat_template: str | None = Field(None, description="a Jinja template overriding the model's")
+    tools: list[ChatTool] | None = Field(
+        None, description="functions the model may call; the chat template renders them")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra variables for the chat template (e.g. enable_thinking)")
 
 
 class ChatCompletionRequest(_ChatTemplateFields, _SamplingFields):
@@ -200,6 +258,10 @@ class ChatCompletionRequest(_ChatTemplateFields, _SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default: auto with tools (needs --tool-call-parser), else none")
+    parallel_tool_calls: bool = Field(
+        True, description="false: at most one call (enforced for required and named)")
 
 
 class UsageInfo(BaseModel):
@@ -274,11 +336,28 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCallOut(BaseModel):
+    """The ``function`` of a generated tool call (``arguments``: compact JSON text)."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    """A generated tool call."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
-    """The generated message of a chat choice."""
+    """The generated message of a chat choice: ``content`` is null when the
+    model only called tools; ``tool_calls`` is empty when it called none."""
 
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -306,6 +385,7 @@ class DeltaMessage(BaseModel):
 
     role: str | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict:

@@ -14,43 +14,34 @@ stream's chunks gives the non-stream response.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
+from paternoster.entrypoints.openai.chat_messages import chat_input
 from paternoster.entrypoints.openai.constraints import SOURCE_PARAM, structured_outputs
 from paternoster.entrypoints.openai.errors import APIError, bad_request
 from paternoster.entrypoints.openai.logprobs import (
     CompletionLogprobsBuilder,
     TokenTexts,
-    chat_logprobs,
     merge_completion_logprobs,
 )
 from paternoster.entrypoints.openai.protocol import (
     SAMPLING_FIELDS,
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatMessage,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     CompletionStreamResponse,
-    DeltaMessage,
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
-    UsageInfo,
 )
+from paternoster.entrypoints.openai.request_setup import Setup, chunk_encoder, usage
+from paternoster.entrypoints.openai.serving_chat import ChatServing
 from paternoster.entrypoints.openai.sse import (
     EventStream,
     consume,
@@ -67,42 +58,26 @@ from paternoster.frontend.errors import (
 from paternoster.frontend.generation import Generation
 from paternoster.frontend.output_processor import SequenceState
 from paternoster.frontend.pipeline import Frontend, RequestOptions, Submitted
-from paternoster.frontend.processor import ChatInput, check_text
-from paternoster.sampling_params import MAX_LOGPROBS
+from paternoster.frontend.processor import check_text
+from paternoster.tool_parsers import ToolParser
 
 logger = logging.getLogger("paternoster.server")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI, vLLM)
 
 
-@dataclass
-class _Setup:
-    """One HTTP request's generation and its response settings."""
-
-    gen: Generation
-    request_id: str
-    created: int
-    include_usage: bool
-    continuous_usage: bool
-    texts: list[str | None]
-
-
-def _usage(gen: Generation) -> UsageInfo:
-    """Exact token counts: each prompt once, every generated token delivered."""
-    prompt, completion = gen.num_prompt_tokens, gen.num_generated_tokens
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
-                     total_tokens=prompt + completion)  # fmt: skip
-
-
-class OpenAIServing:
+class OpenAIServing(ChatServing):
     """The OpenAI endpoints over one :class:`Frontend`.
 
     Args:
         frontend: the request pipeline.
+        tool_parser: the ``--tool-call-parser`` class reading tool calls out
+            of chat output (``tool_choice: "auto"``), or ``None``.
     """
 
-    def __init__(self, frontend: Frontend):
+    def __init__(self, frontend: Frontend, tool_parser: type[ToolParser] | None = None):
         self.frontend = frontend
+        self.tool_parser = tool_parser
         self.model_name = frontend.model_name
         self.tokenizer = frontend.tokenizer
         self.texts = TokenTexts(frontend.tokenizer)
@@ -149,7 +124,7 @@ class OpenAIServing:
         choices = [self._completion_choice(gen, s, echo, want_logprobs) for s in gen.states]
         return CompletionResponse(
             id=setup.request_id, created=setup.created, model=self.model_name, choices=choices,
-            usage=_usage(gen),
+            usage=usage(gen),
         )  # fmt: skip
 
     def _completion_choice(
@@ -170,56 +145,6 @@ class OpenAIServing:
             index=s.index, text=text, logprobs=lp, finish_reason=s.finish_reason
         )
 
-    async def create_chat_completion(self, body: ChatCompletionRequest, raw: Request):
-        """Handle POST /v1/chat/completions (the chat template, by default with
-        the generation prompt).
-
-        Returns:
-            A JSON response or an SSE ``StreamingResponse``.
-        Raises:
-            APIError: 400 bad input, 404 unknown model, 503 engine down.
-            EngineOverloadedError: the waiting queue is full (the app answers
-                503 with ``Retry-After``); nothing stays reserved.
-        """
-        self._check_model_name(body.model)
-        sampling = self._sampling(body)
-        if body.max_completion_tokens is not None:
-            sampling["max_tokens"] = body.max_completion_tokens
-        top = body.top_logprobs
-        if top is not None and not 0 <= top <= MAX_LOGPROBS:
-            raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}",
-                              "top_logprobs")
-        if top and not body.logprobs:
-            raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
-        sampling["logprobs"] = (top or 0) if body.logprobs else None
-        setup = await self._submit(
-            body, _chat_input(body, body.messages), sampling, "chatcmpl", prompt_param="messages",
-            max_tokens_param="max_completion_tokens"
-            if body.max_completion_tokens is not None else "max_tokens",
-        )  # fmt: skip
-        gen = setup.gen
-        try:  # every way out before the requests are sent gives their room back
-            if body.stream:
-                return EventStream(self._chat_stream(setup, body.logprobs), gen.release)
-            await run_until_disconnect(raw, consume(gen))
-        except BaseException:
-            gen.release()
-            raise
-        choices = [
-            ChatChoice(
-                index=s.index,
-                message=AssistantMessage(content=s.text),
-                logprobs=chat_logprobs(self.texts, s.token_ids, s.logprobs)
-                if body.logprobs else None,
-                finish_reason=s.finish_reason,
-            )
-            for s in gen.states
-        ]
-        return ChatCompletionResponse(
-            id=setup.request_id, created=setup.created, model=self.model_name, choices=choices,
-            usage=_usage(gen),
-        )  # fmt: skip
-
     def tokenize(self, body: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         """Handle POST /tokenize (vLLM's shape): a prompt, or chat messages
         through the chat template.
@@ -231,7 +156,7 @@ class OpenAIServing:
         processor = self.frontend.processor
         try:
             if isinstance(body, TokenizeChatRequest):
-                _, ids = processor.chat(_chat_input(body, body.messages))
+                _, ids = processor.chat(chat_input(body, body.messages))
             else:
                 check_text(body.prompt, "prompt")
                 ids = list(self.tokenizer(
@@ -269,7 +194,7 @@ class OpenAIServing:
 
     async def _submit(self, body: Any, prompts: Any, sampling: dict, prefix: str,
                       default_max_tokens: int | None = None, prompt_param: str = "prompt",
-                      max_tokens_param: str = "max_tokens") -> _Setup:  # fmt: skip
+                      max_tokens_param: str = "max_tokens") -> Setup:  # fmt: skip
         """Hand the request to the pipeline; its errors become HTTP errors.
 
         Raises:
@@ -292,7 +217,7 @@ class OpenAIServing:
             raise APIError(503, f"engine is not running: {e}") from e
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
-        return _Setup(
+        return Setup(
             sub.generation, sub.generation.request_id, sub.created, include_usage,
             include_usage and bool(opts.continuous_usage_stats), sub.prompt_texts,
         )  # fmt: skip
@@ -322,30 +247,11 @@ class OpenAIServing:
 
     # -------------------------------------------------------------- streams
 
-    def _chunk_encoder(self, model_cls: type, setup: _Setup) -> Callable[..., str]:
-        """A function ``(choices, usage=None) -> SSE event`` for one stream of
-        ``model_cls`` chunks. ``usage`` is left out unless ``include_usage``;
-        with ``continuous_usage_stats`` every chunk carries the usage so far."""
-
-        def chunk(choices: list, usage: UsageInfo | None = None) -> str:
-            if usage is None and setup.continuous_usage:
-                usage = _usage(setup.gen)
-            c = model_cls(
-                id=setup.request_id, created=setup.created, model=self.model_name,
-                choices=choices, usage=usage,
-            )  # fmt: skip
-            data = c.model_dump()
-            if not setup.include_usage:
-                data.pop("usage")
-            return event(json.dumps(data, ensure_ascii=False))
-
-        return chunk
-
     async def _completion_stream(
-        self, setup: _Setup, echo: list[str] | None, want_logprobs: bool
+        self, setup: Setup, echo: list[str] | None, want_logprobs: bool
     ) -> AsyncIterator[str]:
         gen = setup.gen
-        chunk = self._chunk_encoder(CompletionStreamResponse, setup)
+        chunk = chunk_encoder(CompletionStreamResponse, setup, self.model_name)
         builders = {s.index: CompletionLogprobsBuilder(self.texts) for s in gen.states}
         started: set[int] = set()
         async with contextlib.aclosing(gen.deltas()) as deltas:
@@ -375,66 +281,10 @@ class OpenAIServing:
                 yield event("[DONE]")
                 return
         if setup.include_usage:
-            yield chunk([], _usage(gen))
+            yield chunk([], usage(gen))
         yield event("[DONE]")
-
-    async def _chat_stream(self, setup: _Setup, want_logprobs: bool) -> AsyncIterator[str]:
-        gen = setup.gen
-        chunk = self._chunk_encoder(ChatCompletionChunk, setup)
-        role_sent = False
-        async with contextlib.aclosing(gen.deltas()) as deltas:
-            try:
-                async for d in deltas:
-                    if not role_sent:  # once the first token exists, as vLLM does:
-                        role_sent = True  # benchmark tools time TTFT by this chunk
-                        for s in gen.states:
-                            role = DeltaMessage(role="assistant", content="")
-                            yield chunk([ChatChunkChoice(index=s.index, delta=role)])
-                    lp = None
-                    if want_logprobs and d.token_ids:
-                        lp = chat_logprobs(self.texts, d.token_ids, d.logprobs)
-                    if d.text or d.finish_reason or lp is not None:
-                        delta = DeltaMessage(content=d.text) if d.text else DeltaMessage()
-                        choice = ChatChunkChoice(
-                            index=d.index, delta=delta, logprobs=lp, finish_reason=d.finish_reason
-                        )
-                        yield chunk([choice])
-            except (EngineDeadError, EngineOverloadedError, RequestRejectedError) as e:
-                yield error_event(e)
-                yield event("[DONE]")
-                return
-        if setup.include_usage:
-            yield chunk([], _usage(gen))
-        yield event("[DONE]")
-
 
 # ------------------------------------------------------------------ helpers
-
-
-def _chat_input(body: Any, messages: list[ChatMessage]) -> ChatInput:
-    """Chat messages (text parts joined) and the body's template settings.
-
-    Raises:
-        APIError: 400 for a content part that is not text or has no text,
-            or an empty list of parts.
-    """
-    converted = []
-    for i, m in enumerate(messages):
-        content = m.content
-        if isinstance(content, list):
-            if any(p.type != "text" for p in content):
-                raise bad_request("only text content parts are supported", "messages")
-            if not content:
-                raise bad_request(f"messages[{i}].content must not be an empty list",
-                                  "messages")
-            missing = [j for j, p in enumerate(content) if p.text is None]
-            if missing:
-                raise bad_request(f"messages[{i}].content[{missing[0]}] is a text part "
-                                  f"without text", "messages")
-            content = "".join(p.text for p in content)
-        converted.append({"role": m.role, "content": content})
-    return ChatInput(converted, body.chat_template, body.add_generation_prompt,
-                     body.continue_final_message, body.add_special_tokens)  # fmt: skip
 
 
 def _logit_bias(bias: dict[str, float]) -> dict[int, float]:

@@ -1,0 +1,92 @@
+"""OpenAI chat messages to the chat template's input.
+
+HF chat templates expect what the OpenAI wire form does not give them as is:
+text parts joined into one string, an assistant's tool-call ``arguments`` as a
+mapping rather than JSON text (Llama 3.1, Mistral and Qwen templates all read
+``tool_call.function.arguments`` as an object; vLLM converts the same way), and
+earlier reasoning as ``reasoning_content``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from paternoster.entrypoints.openai.errors import bad_request
+from paternoster.entrypoints.openai.protocol import ChatMessage, ChatTool
+from paternoster.frontend.processor import ChatInput
+
+
+def chat_input(body: Any, messages: list[ChatMessage]) -> ChatInput:
+    """Chat messages in the template's form, with the body's template settings
+    (``chat_template``, ``add_generation_prompt``, ``continue_final_message``,
+    ``add_special_tokens``, ``tools``, ``chat_template_kwargs``).
+
+    Raises:
+        APIError: 400 for a content part that is not text or has no text, an
+            empty list of parts, tool-call arguments that are not a JSON
+            object, or two tools of the same name.
+    """
+    converted = [_message(i, m) for i, m in enumerate(messages)]
+    return ChatInput(
+        converted, body.chat_template, body.add_generation_prompt,
+        body.continue_final_message, body.add_special_tokens,
+        tools=tools_for_template(body.tools), template_kwargs=body.chat_template_kwargs,
+    )  # fmt: skip
+
+
+def tools_for_template(tools: list[ChatTool] | None) -> list[dict[str, Any]] | None:
+    """``tools`` as plain OpenAI dicts (unset fields left out).
+
+    Raises:
+        APIError: 400 naming ``tools`` for two functions of the same name.
+    """
+    if tools is None:
+        return None
+    names = [t.function.name for t in tools]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise bad_request(f"tools has two functions named {dup!r}", "tools")
+    return [t.model_dump(exclude_none=True) for t in tools]
+
+
+def _message(i: int, m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": _content(i, m.content)}
+    if m.name is not None:
+        out["name"] = m.name
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+    if reasoning is not None:
+        out["reasoning_content"] = reasoning
+    if m.tool_calls:
+        out["tool_calls"] = [_tool_call(i, j, c.id, c.function.name, c.function.arguments)
+                             for j, c in enumerate(m.tool_calls)]  # fmt: skip
+    return out
+
+
+def _content(i: int, content: Any) -> str | None:
+    """Text parts joined (400 for any other part, a part without text, no parts)."""
+    if not isinstance(content, list):
+        return content
+    if any(p.type != "text" for p in content):
+        raise bad_request("only text content parts are supported", "messages")
+    if not content:
+        raise bad_request(f"messages[{i}].content must not be an empty list", "messages")
+    missing = [j for j, p in enumerate(content) if p.text is None]
+    if missing:
+        raise bad_request(f"messages[{i}].content[{missing[0]}] is a text part without text",
+                          "messages")  # fmt: skip
+    return "".join(p.text for p in content)
+
+
+def _tool_call(i: int, j: int, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    where = f"messages[{i}].tool_calls[{j}].function.arguments"
+    try:
+        args = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        raise bad_request(f"{where} is not valid JSON: {arguments[:80]!r}",
+                          "messages") from None  # fmt: skip
+    if not isinstance(args, dict):
+        raise bad_request(f"{where} must be a JSON object", "messages")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}

@@ -1,0 +1,157 @@
+"""POST /v1/chat/completions: messages through the chat template, and the
+generated text shaped into the assistant message (content and tool calls).
+
+:class:`ChatServing` is the chat half of
+:class:`~paternoster.entrypoints.openai.serving.OpenAIServing`, which supplies
+the shared request handling it calls (``_submit``, ``_sampling``,
+``_check_model_name``, ``texts``, ``model_name``, ``tool_parser``). Stream and
+non-stream responses agree: the streamed deltas of a choice concatenate to its
+message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+
+from paternoster.entrypoints.openai.chat_messages import chat_input
+from paternoster.entrypoints.openai.constraints import SOURCE_PARAM
+from paternoster.entrypoints.openai.errors import bad_request
+from paternoster.entrypoints.openai.logprobs import chat_logprobs
+from paternoster.entrypoints.openai.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    DeltaMessage,
+)
+from paternoster.entrypoints.openai.request_setup import Setup, chunk_encoder, usage
+from paternoster.entrypoints.openai.sse import (
+    EventStream,
+    consume,
+    error_event,
+    event,
+    run_until_disconnect,
+)
+from paternoster.entrypoints.openai.tool_calls import ChoiceToolCalls, ToolPlan, plan_tools
+from paternoster.frontend.errors import (
+    EngineDeadError,
+    EngineOverloadedError,
+    RequestRejectedError,
+)
+from paternoster.frontend.output_processor import SequenceState
+from paternoster.sampling_params import MAX_LOGPROBS
+
+
+class ChatServing:
+    """The chat completions endpoint (a base of ``OpenAIServing``)."""
+
+    model_name: str
+    texts: Any
+    tool_parser: Any
+
+    async def create_chat_completion(self, body: ChatCompletionRequest, raw: Request):
+        """Handle POST /v1/chat/completions (the chat template, by default with
+        the generation prompt).
+
+        Returns:
+            A JSON response or an SSE ``StreamingResponse``.
+        Raises:
+            APIError: 400 bad input, 404 unknown model, 503 engine down.
+            EngineOverloadedError: the waiting queue is full (the app answers
+                503 with ``Retry-After``); nothing stays reserved.
+        """
+        self._check_model_name(body.model)
+        sampling = self._sampling(body)
+        if body.max_completion_tokens is not None:
+            sampling["max_tokens"] = body.max_completion_tokens
+        top = body.top_logprobs
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise bad_request(
+                f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs"
+            )
+        if top and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs to be true", "top_logprobs")
+        sampling["logprobs"] = (top or 0) if body.logprobs else None
+        plan = plan_tools(body, self.tool_parser, "structured_outputs" in sampling)
+        if plan is not None and plan.constraint is not None:
+            spec = dict(plan.constraint)
+            sampling[SOURCE_PARAM] = spec.pop(SOURCE_PARAM)
+            sampling["structured_outputs"] = spec
+        if plan is not None and not plan.skip_special_tokens:
+            sampling["skip_special_tokens"] = False  # the format's tags are special tokens
+        setup = await self._submit(
+            body, chat_input(body, body.messages), sampling, "chatcmpl", prompt_param="messages",
+            max_tokens_param="max_completion_tokens"
+            if body.max_completion_tokens is not None else "max_tokens",
+        )  # fmt: skip
+        gen = setup.gen
+        try:  # every way out before the requests are sent gives their room back
+            if body.stream:
+                return EventStream(self._chat_stream(setup, body.logprobs, plan), gen.release)
+            await run_until_disconnect(raw, consume(gen))
+        except BaseException:
+            gen.release()
+            raise
+        choices = [self._chat_choice(s, body.logprobs, plan) for s in gen.states]
+        return ChatCompletionResponse(
+            id=setup.request_id, created=setup.created, model=self.model_name, choices=choices,
+            usage=usage(gen),
+        )  # fmt: skip
+
+    def _chat_choice(self, s: SequenceState, want_logprobs: bool,
+                     plan: ToolPlan | None) -> ChatChoice:  # fmt: skip
+        """A finished choice of a non-streamed chat completion."""
+        content, calls, reason = s.text, [], s.finish_reason
+        if plan is not None:
+            content, calls = plan.message(s.text)
+            reason = plan.finish_reason(reason, bool(calls))
+        return ChatChoice(
+            index=s.index, message=AssistantMessage(content=content, tool_calls=calls),
+            logprobs=chat_logprobs(self.texts, s.token_ids, s.logprobs) if want_logprobs
+            else None,
+            finish_reason=reason,
+        )  # fmt: skip
+
+    async def _chat_stream(self, setup: Setup, want_logprobs: bool,
+                           plan: ToolPlan | None) -> AsyncIterator[str]:  # fmt: skip
+        gen = setup.gen
+        chunk = chunk_encoder(ChatCompletionChunk, setup, self.model_name)
+        role_sent = False
+        tools = {s.index: ChoiceToolCalls(plan) for s in gen.states} if plan else {}
+        async with contextlib.aclosing(gen.deltas()) as deltas:
+            try:
+                async for d in deltas:
+                    if not role_sent:  # once the first token exists, as vLLM does:
+                        role_sent = True  # benchmark tools time TTFT by this chunk
+                        for s in gen.states:
+                            role = DeltaMessage(role="assistant", content="")
+                            yield chunk([ChatChunkChoice(index=s.index, delta=role)])
+                    lp = None
+                    if want_logprobs and d.token_ids:
+                        lp = chat_logprobs(self.texts, d.token_ids, d.logprobs)
+                    delta = DeltaMessage(content=d.text or None)
+                    reason = d.finish_reason
+                    if plan is not None:
+                        t = tools[d.index]
+                        parsed = t.feed(d.text, reason is not None)
+                        calls = [c.to_openai() for c in parsed.tool_calls] or None
+                        delta = DeltaMessage(content=parsed.content, tool_calls=calls)
+                        reason = plan.finish_reason(reason, t.called)
+                    if delta.content or delta.tool_calls or reason or lp is not None:
+                        choice = ChatChunkChoice(
+                            index=d.index, delta=delta, logprobs=lp, finish_reason=reason
+                        )
+                        yield chunk([choice])
+            except (EngineDeadError, EngineOverloadedError, RequestRejectedError) as e:
+                yield error_event(e)
+                yield event("[DONE]")
+                return
+        if setup.include_usage:
+            yield chunk([], usage(gen))
+        yield event("[DONE]")
