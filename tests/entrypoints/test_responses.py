@@ -5,6 +5,7 @@ against `paternoster serve` on the default model."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -16,12 +17,14 @@ from paternoster.entrypoints.openai.errors import APIError
 from paternoster.entrypoints.openai.protocol import ChatCompletionRequest
 from paternoster.entrypoints.openai.responses import (
     _chat_body,
+    create_response,
     to_chat_messages,
     to_chat_request,
     to_response,
 )
 from paternoster.entrypoints.openai.responses_protocol import ResponsesRequest
 from paternoster.entrypoints.openai.responses_stream import ResponsesStreamTranslator
+from paternoster.entrypoints.openai.sse import EventStream
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
@@ -31,7 +34,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in
 
 def request(**fields) -> ResponsesRequest:
     """A Responses request as the server would parse it from JSON."""
-    return ResponsesRequest.model_validate_json(json.dumps({"model": "m", **fields}))
+    return ResponsesRequest.model_validate_json(json.dumps(fields))
 
 
 def chat_completion(message: dict, finish_reason: str = "stop") -> dict:
@@ -47,7 +50,7 @@ def chat_completion(message: dict, finish_reason: str = "stop") -> dict:
 def events_of(body: ResponsesRequest, chunks: list[dict]) -> list[dict]:
     """Run chat chunks through the translator; every event is checked against
     the SDK's ``ResponseStreamEvent`` and its ``event:`` line."""
-    t = ResponsesStreamTranslator(body)
+    t = ResponsesStreamTranslator(body, "m")
     raw = t.start()
     for c in chunks:
         raw += t.feed(c)
@@ -313,6 +316,58 @@ def test_only_choice_zero_is_read():
     assert Response.model_validate(events[-1]["response"]).output_text == "y"
 
 
+class _StreamingServing:
+    """A serving whose chat stream records being closed and released."""
+
+    model_name = "m"
+
+    def __init__(self):
+        self.closed = self.released = 0
+
+    async def create_chat_completion(self, body, raw):
+        assert body.stream and body.stream_options.include_usage
+
+        async def chat_events():
+            try:
+                for text in ("a", "b", "c"):
+                    yield f"data: {json.dumps(delta_chunk({'content': text}))}\n\n"
+                yield f"data: {json.dumps(USAGE_CHUNK)}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                self.closed += 1
+
+        return EventStream(chat_events(), self._release)
+
+    def _release(self):
+        self.released += 1
+
+
+def test_closing_the_responses_stream_closes_the_chat_stream_and_releases_once():
+    serving = _StreamingServing()
+    sent = []
+
+    async def run():
+        stream = await create_response(serving, request(input="x", stream=True), None)
+        assert isinstance(stream, EventStream)
+        events = aiter(stream.body_iterator)
+        first = [await anext(events) for _ in range(5)]
+        assert first[-1].startswith("event: response.output_text.delta")
+        await events.aclose()  # what Starlette does when the client goes away
+        assert serving.closed == 1 and serving.released == 0
+
+        async def receive():
+            await asyncio.sleep(60)
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+        await stream(scope, receive, send)  # the response is sent (or fails): release
+
+    asyncio.run(run())
+    assert serving.released == 1 and serving.closed == 1
+
+
 # --------------------------------------------------------------- end to end
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -373,6 +428,22 @@ def test_e2e_token_limit_is_incomplete(client, model):
     r = client.responses.create(model=model, input="Tell me a long story.", max_output_tokens=2)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 2
+
+
+def test_e2e_disconnect_mid_stream_frees_the_engine(server, model):
+    body = {"model": model, "input": "Tell me a long story.", "max_output_tokens": 1000,
+            "stream": True}  # fmt: skip
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert [next(lines) for _ in range(2)][0] == "event: response.created"
+
+    def idle(stats: dict) -> bool:
+        e = stats["engine"]
+        return stats["num_in_flight"] == 0 and e.get("num_running") == 0 and (
+            e.get("num_free_blocks") == e.get("num_kv_blocks"))  # fmt: skip
+
+    server.wait_for(idle, timeout=10, what="the engine to drop the request")
 
 
 @pytest.mark.parametrize("fields, param", [

@@ -197,8 +197,8 @@ def to_response(body: ResponsesRequest, chat: dict) -> dict:
     if output and status == "incomplete":
         output[-1]["status"] = "incomplete"
     created_at = int(chat.get("created") or time.time())
-    return response_object(body, new_id("resp"), created_at, status=status, output=output,
-                           usage=usage(chat.get("usage")))  # fmt: skip
+    return response_object(body, new_id("resp"), created_at, chat["model"], status=status,
+                           output=output, usage=usage(chat.get("usage")))  # fmt: skip
 
 
 # ---------------------------------------------------------------- endpoint
@@ -220,7 +220,9 @@ def _chat_body(body: ResponsesRequest) -> ChatCompletionRequest:
 
 
 async def create_response(serving: Any, body: ResponsesRequest, raw: Request):
-    """Handle POST /v1/responses through ``serving.create_chat_completion``.
+    """Handle POST /v1/responses through ``serving.create_chat_completion``
+    (an :class:`~paternoster.entrypoints.openai.serving.OpenAIServing`; its
+    ``model_name`` is the streamed response's ``model``).
 
     Returns:
         A JSON ``Response``, or with ``stream`` an :class:`EventStream` of
@@ -237,5 +239,5 @@ async def create_response(serving: Any, body: ResponsesRequest, raw: Request):
         e.param = responses_param(e.param)
         raise
     if isinstance(result, EventStream):
-        return result.mapped(lambda events: responses_events(body, events))
+        return result.mapped(lambda events: responses_events(body, events, serving.model_name))
     return JSONResponse(to_response(body, result.model_dump()))

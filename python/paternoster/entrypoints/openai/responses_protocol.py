@@ -22,7 +22,7 @@ from pydantic_core import PydanticCustomError
 from paternoster.entrypoints.openai.protocol import _Request
 
 
-class TextPart(_Request):
+class InputTextPart(_Request):
     """A text content part of an input message: ``input_text`` (user, system,
     developer) or ``output_text`` (an earlier assistant output passed back)."""
 
@@ -37,19 +37,16 @@ def _kind(value: Any, default: str | None = None) -> str | None:
     return getattr(value, "type", default)
 
 
-Content = (
-    str
-    | list[
-        Annotated[
-            Annotated[TextPart, Tag("input_text")] | Annotated[TextPart, Tag("output_text")],
-            Discriminator(
-                _kind,
-                custom_error_type="content_part",
-                custom_error_message="only input_text and output_text content parts are supported",
-            ),
-        ]
-    ]
-)
+_TextPart = Annotated[
+    Annotated[InputTextPart, Tag("input_text")] | Annotated[InputTextPart, Tag("output_text")],
+    Discriminator(
+        _kind,
+        custom_error_type="content_part",
+        custom_error_message="only input_text and output_text content parts are supported",
+    ),
+]
+Content = str | list[_TextPart]
+"""Message content: a string, or text parts (joined when mapped to chat)."""
 
 
 class InputMessage(_Request):
@@ -120,7 +117,7 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(_Request):
+class ResponsesFunctionTool(_Request):
     """A function tool in the Responses API's flat shape (``FunctionToolParam``):
     ``{"type": "function", "name", "description", "parameters", "strict"}``."""
 
@@ -131,14 +128,14 @@ class FunctionTool(_Request):
     strict: bool | None = None
 
 
-class ToolChoiceFunction(_Request):
+class ResponsesToolChoice(_Request):
     """``tool_choice: {"type": "function", "name": ...}``: call that function."""
 
     type: Literal["function"]
     name: str
 
 
-class TextFormat(_Request):
+class ResponsesTextFormat(_Request):
     """``text.format`` (``ResponseFormatTextConfigParam``): ``text`` (no
     constraint), ``json_object``, or ``json_schema`` with ``name`` and ``schema``."""
 
@@ -151,20 +148,20 @@ class TextFormat(_Request):
     strict: bool | None = None
 
     @model_validator(mode="after")
-    def _schema_given(self) -> TextFormat:
+    def _schema_given(self) -> ResponsesTextFormat:
         """A ``json_schema`` format needs its ``schema``."""
         if self.type == "json_schema" and self.json_schema is None:
             raise PydanticCustomError("json_schema", "format json_schema needs a schema")
         return self
 
 
-class TextConfig(_Request):
+class ResponsesTextConfig(_Request):
     """``text``: the output's ``format`` (``verbosity`` is ignored)."""
 
-    format: TextFormat | None = None
+    format: ResponsesTextFormat | None = None
 
 
-class ReasoningConfig(_Request):
+class ResponsesReasoningConfig(_Request):
     """``reasoning``: ``effort`` reaches the chat template as
     ``chat_template_kwargs["reasoning_effort"]``; ``summary`` is accepted and
     ignored (the reasoning text itself is returned)."""
@@ -186,16 +183,16 @@ class ResponsesRequest(_Request):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    tools: list[ResponsesFunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesToolChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
     stream: bool = False
-    text: TextConfig | None = None
-    reasoning: ReasoningConfig | None = None
+    text: ResponsesTextConfig | None = None
+    reasoning: ResponsesReasoningConfig | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -289,7 +286,7 @@ def usage(chat_usage: dict | None) -> dict | None:
     }
 
 
-def response_object(body: ResponsesRequest, response_id: str, created_at: int, *,
+def response_object(body: ResponsesRequest, response_id: str, created_at: int, model: str, *,
                     status: str, output: list[dict], usage: dict | None) -> dict:  # fmt: skip
     """A ``Response`` object: the output and the request's settings echoed
     (the SDK requires ``tools``, ``tool_choice`` and ``parallel_tool_calls``).
@@ -305,7 +302,7 @@ def response_object(body: ResponsesRequest, response_id: str, created_at: int, *
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": body.instructions,
-        "model": body.model,
+        "model": model,
         "output": output,
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "tool_choice": body.tool_choice.model_dump()

@@ -59,11 +59,13 @@ class ResponsesStreamTranslator:
 
     Args:
         body: the Responses request (its settings are echoed in ``response``).
+        model: the served model's name (``response.model``).
         response_id: the response's id (default: a fresh ``resp_...``).
     """
 
-    def __init__(self, body: ResponsesRequest, response_id: str | None = None):
+    def __init__(self, body: ResponsesRequest, model: str, response_id: str | None = None):
         self.body = body
+        self.model = model
         self.response_id = response_id or new_id("resp")
         self.created_at = int(time.time())
         self.failed = False
@@ -130,8 +132,8 @@ class ResponsesStreamTranslator:
 
     def _response(self, status: str) -> dict:
         final = usage(self._usage) if status != "in_progress" else None
-        return response_object(self.body, self.response_id, self.created_at, status=status,
-                               output=list(self._output), usage=final)  # fmt: skip
+        return response_object(self.body, self.response_id, self.created_at, self.model,
+                               status=status, output=list(self._output), usage=final)  # fmt: skip
 
     def _error(self, error: dict) -> list[str]:
         """An ``error`` event (``ResponseErrorEvent``) from an OpenAI error body."""
@@ -235,12 +237,12 @@ class ResponsesStreamTranslator:
         return events
 
 
-async def responses_events(body: ResponsesRequest, events: AsyncIterator[str]
+async def responses_events(body: ResponsesRequest, events: AsyncIterator[str], model: str
                            ) -> AsyncIterator[str]:  # fmt: skip
     """The Responses SSE events of a chat SSE stream (``data: JSON`` events
     ending with ``data: [DONE]``). Closing this generator closes the chat
     stream, which aborts its generation."""
-    translator = ResponsesStreamTranslator(body)
+    translator = ResponsesStreamTranslator(body, model)
     async with contextlib.aclosing(events) as chat_events:
         for e in translator.start():
             yield e
