@@ -1,7 +1,7 @@
 """The FastAPI app and the uvicorn runner of the OpenAI-compatible server.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (and
-/v1/models/{id}),
+Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses
+(stateless, mapped onto chat: responses.py), GET /v1/models (and /v1/models/{id}),
 POST /tokenize and POST /detokenize (vLLM's shapes), GET /version,
 GET /health (200, or 503 with the reason once the engine died), GET /stats
 (the engine's stats as of its latest step; for tests and dashboards), GET /metrics
@@ -48,6 +48,8 @@ from paternoster.entrypoints.openai.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from paternoster.entrypoints.openai.responses import create_response
+from paternoster.entrypoints.openai.responses_protocol import ResponsesRequest
 from paternoster.entrypoints.openai.serving import OpenAIServing
 from paternoster.entrypoints.openai.sse import ClientDisconnected
 from paternoster.frontend.engine_client import EngineClient
@@ -304,6 +306,11 @@ def build_app(
         """OpenAI chat completions through the model's chat template."""
         return await serving.create_chat_completion(body, raw)
 
+    @app.post("/v1/responses", response_model=None, responses=_ERRORS)
+    async def responses(body: ResponsesRequest, raw: Request):
+        """OpenAI Responses (stateless), mapped onto chat completions; SSE when ``stream``."""
+        return await create_response(serving, body, raw)
+
     @app.post("/tokenize", responses={400: _ERRORS[400], 404: _ERRORS[404]})
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         """Token ids of a ``prompt``, or of chat ``messages`` through the chat template."""
@@ -335,7 +342,7 @@ def build_app(
         if model_id != served_model_name:
             raise APIError(404, f"The model `{model_id}` does not exist.", "model")
         return ModelCard(id=served_model_name, root=client.info.get("model_dir"),
-                         max_model_len=serving.max_model_len)
+                         max_model_len=serving.max_model_len)  # fmt: skip
 
     @app.get("/health")
     async def health() -> JSONResponse:

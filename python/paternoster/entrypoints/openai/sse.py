@@ -54,6 +54,11 @@ class EventStream(StreamingResponse):
         finally:
             self._on_close()
 
+    def mapped(self, fn: Callable[[AsyncIterator[str]], AsyncIterator[str]]) -> EventStream:
+        """A stream of ``fn(events)`` that takes over ``on_close`` (send the new
+        stream instead of this one, or neither). ``fn`` should close ``events``
+        when it is closed, so that a disconnect reaches the generation."""
+        return EventStream(fn(self.body_iterator), self._on_close)
 
 
 async def consume(gen: Generation) -> None:
