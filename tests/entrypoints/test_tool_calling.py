@@ -269,3 +269,32 @@ def test_bad_tool_flags_exit_with_one_clear_line(default_model_path, args, words
     )  # fmt: skip
     assert proc.returncode == 1
     assert words in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_responses_api_calls_and_takes_back_function_outputs(client, model):
+    """/v1/responses: a forced call comes out as a function_call item (also
+    streamed), and a function_call_output goes back in as the tool result."""
+    tools = [{"type": "function", "name": t["function"]["name"],
+              "parameters": t["function"]["parameters"]} for t in TOOLS]  # fmt: skip
+    r = client.responses.create(model=model, input=MESSAGES[0]["content"], tools=tools,
+                                tool_choice="required", max_output_tokens=200)  # fmt: skip
+    assert r.status == "completed"
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and all(o.call_id.startswith("call_") for o in calls)
+    for o in calls:
+        jsonschema_rs.validator_for(SCHEMAS[o.name]).validate(json.loads(o.arguments))
+    with client.responses.stream(model=model, input=MESSAGES[0]["content"], tools=tools,
+                                 tool_choice="required", max_output_tokens=200) as s:
+        arguments = "".join(ev.delta for ev in s
+                            if ev.type == "response.function_call_arguments.delta")
+        final = s.get_final_response()
+    streamed = [o for o in final.output if o.type == "function_call"]
+    assert arguments == "".join(o.arguments for o in streamed)
+    follow = client.responses.create(
+        model=model, tools=tools, tool_choice="none", max_output_tokens=8,
+        input=[MESSAGES[0], {"type": "function_call", "call_id": calls[0].call_id,
+                             "name": calls[0].name, "arguments": calls[0].arguments},
+               {"type": "function_call_output", "call_id": calls[0].call_id,
+                "output": "21 C"}],
+    )  # fmt: skip
+    assert follow.output_text and not [o for o in follow.output if o.type == "function_call"]
