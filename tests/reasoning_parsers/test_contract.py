@@ -14,8 +14,9 @@ from paternoster.reasoning_parsers import get_reasoning_parser
 
 from .recordings import RECORDINGS
 
-CASES = [pytest.param(p, *case, id=f"{p}-{case[0]}") for p, cases in RECORDINGS.items()
-         for case in cases]
+CASES = [
+    pytest.param(p, *case, id=f"{p}-{case[0]}") for p, cases in RECORDINGS.items() for case in cases
+]
 
 
 def make(parser: str):
@@ -32,7 +33,7 @@ def splits(text: str):
         chunks, i = [], 0
         while i < len(text):
             n = rng.randint(1, 9)
-            chunks.append(text[i:i + n])
+            chunks.append(text[i : i + n])
             i += n
         yield chunks
 
@@ -71,17 +72,18 @@ def test_streaming_matches_extract(parser, label, in_reasoning, text, reasoning,
         assert got[:2] == (whole.reasoning, whole.content), chunks
 
 
-@pytest.mark.parametrize("parser,label,in_reasoning,text,reasoning,content",
-                         [c for c in CASES if len(c.values[3]) <= 60])
-def test_streaming_every_three_piece_split(parser, label, in_reasoning, text, reasoning,
-                                           content):
+@pytest.mark.parametrize(
+    "parser,label,in_reasoning,text,reasoning,content", [c for c in CASES if len(c.values[3]) <= 60]
+)
+def test_streaming_every_three_piece_split(parser, label, in_reasoning, text, reasoning, content):
     whole = make(parser).extract(text, in_reasoning=in_reasoning)
     n = len(text)
     for i in range(n + 1):
         for j in range(i, n + 1):
             chunks = [text[:i], text[i:j], text[j:]]
-            assert stream(parser, chunks, in_reasoning)[:2] == (whole.reasoning,
-                                                                 whole.content), chunks
+            assert stream(parser, chunks, in_reasoning)[:2] == (whole.reasoning, whole.content), (
+                chunks
+            )
 
 
 @pytest.mark.parametrize("parser", sorted(RECORDINGS))
@@ -105,41 +107,61 @@ def test_random_fragments(parser):
         assert got[:2] == (whole.reasoning, whole.content), (text, in_reasoning)
 
 
-@pytest.mark.parametrize("parser,text,in_reasoning,held", [
-    ("deepseek_r1", "I think</thi", True, "</thi"),
-    ("qwen3", "<think>\nI think</", None, "</"),
-    ("qwen3", "<thi", False, "<thi"),
-    ("gpt_oss", "<|channel|>analysis<|message|>I think<|en", None, "<|en"),
-    ("gpt_oss", "<|channel|>analysis<|message|>I think<|end|><|start|>assistant<|chan",
-     None, ""),
-])
-def test_a_split_tag_is_held_back(parser, text, in_reasoning, held):
+@pytest.mark.parametrize(
+    "parser,text,in_reasoning,sent",
+    [
+        ("deepseek_r1", "I think</thi", True, "I think"),
+        ("qwen3", "<think>\nI think</", None, "\nI think"),
+        ("qwen3", "<thi", False, None),
+        ("gpt_oss", "<|channel|>analysis<|message|>I think<|en", None, "I think"),
+        (
+            "gpt_oss",
+            "<|channel|>analysis<|message|>I think<|end|><|start|>assistant<|chan",
+            None,
+            "I think",
+        ),
+    ],
+)
+def test_a_split_tag_is_held_back(parser, text, in_reasoning, sent):
+    """The partial tag at the end is sent to neither field until it is decided."""
     s = make(parser).streaming(in_reasoning=in_reasoning)
     streamed = s.feed(text)
-    assert "<" not in (streamed.reasoning or "").replace("<think>", "")[-len(held) or None:]
-    assert not streamed.content
+    assert streamed.reasoning == sent
+    assert streamed.content is None
     assert not s.reasoning_ended
 
 
-@pytest.mark.parametrize("parser,rest,in_reasoning,content", [
-    ("deepseek_r1", ["I think", "</thi", "nk>", "\n\nDone."], True, "\n\nDone."),
-    ("qwen3", ["<th", "ink>", "x", "</", "think>", "Done."], False, "Done."),
-    ("gpt_oss", ["<|channel|>analysis<|message|>x<|e", "nd|><|start|>assistant<|chan",
-                 "nel|>final<|mess", "age|>Done.<|ret", "urn|>"], None, "Done."),
-])
-def test_reasoning_ends_when_the_end_tag_completes(parser, rest, in_reasoning, content):
+GPT_OSS_CHUNKS = [
+    "<|channel|>analysis<|message|>x<|e",
+    "nd|><|start|>assistant<|chan",
+    "nel|>final<|mess",
+    "age|>Done.<|ret",
+    "urn|>",
+]
+
+
+@pytest.mark.parametrize(
+    "parser,chunks,in_reasoning,reasoning,content,ends_at",
+    [
+        ("deepseek_r1", ["I think", "</thi", "nk>", "\n\nDone."], True, "I think", "\n\nDone.", 2),
+        ("qwen3", ["<th", "ink>", "x", "</", "think>", "Done."], False, "x", "Done.", 4),
+        ("gpt_oss", GPT_OSS_CHUNKS, None, "x", "Done.", 3),
+    ],
+)
+def test_reasoning_ends_when_the_end_tag_completes(
+    parser, chunks, in_reasoning, reasoning, content, ends_at
+):
+    """``reasoning_ended`` turns True with the delta that completes the end marker."""
     s = make(parser).streaming(in_reasoning=in_reasoning)
-    reasoning, got, ended_at = "", "", None
-    for k, chunk in enumerate(rest):
+    got_reasoning, got_content, ended = "", "", []
+    for chunk in chunks:
         d = s.feed(chunk)
-        reasoning += d.reasoning or ""
-        got += d.content or ""
-        if s.reasoning_ended and ended_at is None:
-            ended_at = k
-    got += s.finish().content or ""
-    assert reasoning == "x" if parser != "deepseek_r1" else reasoning == "I think"
-    assert got == content
-    assert ended_at is not None and ended_at >= 2
+        got_reasoning += d.reasoning or ""
+        got_content += d.content or ""
+        ended.append(s.reasoning_ended)
+    got_content += s.finish().content or ""
+    assert (got_reasoning, got_content) == (reasoning, content)
+    assert ended == [k >= ends_at for k in range(len(chunks))]
 
 
 def test_feed_after_finish_raises():
@@ -151,18 +173,49 @@ def test_feed_after_finish_raises():
         s.feed("x")
 
 
-@pytest.mark.parametrize("parser,prefix,suffix,in_reasoning", [
-    ("deepseek_r1", "", "</think>answer", True),
-    ("qwen3", "<think>", "</think>answer", False),
-    ("gpt_oss", "<|channel|>analysis<|message|>",
-     "<|end|><|start|>assistant<|channel|>final<|message|>answer", None),
-])
+@pytest.mark.parametrize(
+    "parser,prefix,suffix,in_reasoning",
+    [
+        ("deepseek_r1", "", "</think>answer", True),
+        ("qwen3", "<think>", "</think>answer", False),
+        (
+            "gpt_oss",
+            "<|channel|>analysis<|message|>",
+            "<|end|><|start|>assistant<|channel|>final<|message|>answer",
+            None,
+        ),
+    ],
+)
 def test_long_stream_in_reasonable_time(parser, prefix, suffix, in_reasoning):
     body = "step é 🤔 < | " * 4000
     text = prefix + body + suffix
     s = make(parser).streaming(in_reasoning=in_reasoning)
     t0 = time.perf_counter()
-    deltas = [s.feed(text[k:k + 4]) for k in range(0, len(text), 4)] + [s.finish()]
+    deltas = [s.feed(text[k : k + 4]) for k in range(0, len(text), 4)] + [s.finish()]
     assert time.perf_counter() - t0 < 20
     assert "".join(d.reasoning or "" for d in deltas) == body
     assert "".join(d.content or "" for d in deltas) == "answer"
+
+
+@pytest.mark.parametrize("label", ["tool_call", "preamble_and_call"])
+def test_gpt_oss_content_feeds_the_openai_tool_parser(label):
+    """The gpt_oss reasoning parser keeps function calls in its content in harmony
+    form; the openai tool parser reads them there, streamed or not."""
+    from paternoster.tool_parsers import get_tool_parser
+
+    text = next(c[2] for c in RECORDINGS["gpt_oss"] if c[0] == label)
+    content = make("gpt_oss").extract(text).content
+    whole = get_tool_parser("openai")(seed=0).extract(content)
+    assert [(c.name, c.arguments) for c in whole.calls] == [("get_weather", '{"city":"Paris"}')]
+    s = make("gpt_oss").streaming()
+    tools = get_tool_parser("openai")(seed=0).streaming()
+    deltas = [
+        tools.feed(d.content or "")
+        for k in range(0, len(text), 3)
+        for d in [s.feed(text[k : k + 3])]
+    ]
+    deltas += [tools.feed(s.finish().content or ""), tools.finish()]
+    assert "".join(d.content or "" for d in deltas) == (whole.content or "")
+    items = [i for d in deltas for i in d.tool_calls]
+    assert items[0].name == "get_weather"
+    assert "".join(i.arguments for i in items) == '{"city":"Paris"}'

@@ -208,5 +208,6 @@ class StreamingReasoningParser:
         reasoning = s.reasoning if s.reasoning.startswith(sent.reasoning) else sent.reasoning
         content = s.content if s.content.startswith(sent.content) else sent.content
         self._sent = Split(reasoning, content, sent.ended or s.ended)
-        return ReasoningDelta(reasoning[len(sent.reasoning):] or None,
-                              content[len(sent.content):] or None)
+        return ReasoningDelta(
+            reasoning[len(sent.reasoning) :] or None, content[len(sent.content) :] or None
+        )

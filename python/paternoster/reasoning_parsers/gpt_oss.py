@@ -2,9 +2,10 @@
 
 Format (https://cookbook.openai.com/articles/openai-harmony; read by
 :mod:`paternoster.tool_parsers._harmony`), the output after the prompt's
-``<|start|>assistant``::
+``<|start|>assistant`` (one line in the output, wrapped here)::
 
-    <|channel|>analysis<|message|>The user wants a greeting.<|end|><|start|>assistant<|channel|>final<|message|>Hello!<|return|>
+    <|channel|>analysis<|message|>The user wants a greeting.<|end|>
+    <|start|>assistant<|channel|>final<|message|>Hello!<|return|>
 
 The reasoning is the text of the ``analysis`` messages, and of calls of built-in
 tools (recipients other than ``functions.*``), concatenated as written. The
@@ -55,8 +56,12 @@ class GptOssReasoningParser(ReasoningParser):
             return False
         items = _harmony.scan(prompt_text[i:], False)
         last = items[-1] if items else None
-        return (isinstance(last, _harmony.Message) and last.header_done
-                and not last.closed and is_reasoning(last))
+        return (
+            isinstance(last, _harmony.Message)
+            and last.header_done
+            and not last.closed
+            and is_reasoning(last)
+        )
 
     def split(self, text: str, in_reasoning: bool | None, final: bool) -> Split:
         """See :meth:`ReasoningParser.split` and the module docstring."""

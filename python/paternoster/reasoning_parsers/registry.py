@@ -50,8 +50,8 @@ def get_reasoning_parser(name: str) -> type[ReasoningParser]:
         raise ValueError(
             f"reasoning parser name {name!r} is unknown; built-in: "
             f"{', '.join(sorted(BUILTIN_REASONING_PARSERS))}; installed: "
-            f"{', '.join(available_reasoning_parsers())}")
+            f"{', '.join(available_reasoning_parsers())}"
+        )
     if not (isinstance(cls, type) and issubclass(cls, ReasoningParser)):
-        raise ValueError(
-            f"reasoning parser {name!r} ({where}) is not a ReasoningParser subclass")
+        raise ValueError(f"reasoning parser {name!r} ({where}) is not a ReasoningParser subclass")
     return cls

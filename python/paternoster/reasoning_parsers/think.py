@@ -35,10 +35,10 @@ def reasoning_from(text: str, start: int, final: bool) -> Split:
     ``final``)."""
     i = text.find(END, start)
     if i >= 0:
-        return Split(text[start:i], text[i + len(END):], True)
+        return Split(text[start:i], text[i + len(END) :], True)
     body = text[start:]
     if not final:
-        body = body[:len(body) - partial_tag_len(body, (END,))]
+        body = body[: len(body) - partial_tag_len(body, (END,))]
     return Split(body, "", False)
 
 
@@ -116,7 +116,7 @@ class Qwen3ReasoningParser(ThinkReasoningParser):
             return super().split(text, in_reasoning, final)
         i, j = text.find(END), text.find(START)
         if i >= 0 and not 0 <= j < i:
-            return Split(text[:i], text[i + len(END):], True)
+            return Split(text[:i], text[i + len(END) :], True)
         if j >= 0 or final:  # a <think> not at the start: no reasoning block
             return Split("", text, True)
         return Split("", "", False)

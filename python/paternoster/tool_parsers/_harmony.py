@@ -2,10 +2,12 @@
 ``openai`` tool parser and the ``gpt_oss`` reasoning parser.
 
 Written from the format's description (https://cookbook.openai.com/articles/openai-harmony).
-A message is a header, ``<|message|>``, a body and a terminator::
+A message is a header, ``<|message|>``, a body and a terminator (the messages
+follow each other with no newline; the second header is wrapped here)::
 
     <|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json
+        <|message|>{"city":"Paris"}<|call|>
     <|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>
 
 The header names the channel (``analysis``: chain of thought; ``commentary``:
@@ -66,7 +68,7 @@ def parse_header(header: str) -> tuple[str | None, str | None, str | None]:
     """``(channel, recipient, content_type)`` of a header's text (the text
     between the message's start and ``<|message|>``, tags included)."""
     if header.startswith(START):
-        header = header[len(START):]
+        header = header[len(START) :]
     role, has_channel, rest = header.partition(CHANNEL)
     content_type = None
     if CONSTRAIN in rest:
@@ -86,12 +88,14 @@ def read_body(text: str, start: int, body_start: int, final: bool, **header) -> 
     if m is None:
         body = text[body_start:]
         if not final:
-            body = body[:len(body) - partial_tag_len(body, TAGS)]
-        return Message(start, text[start:body_start + len(body)], True, body=body,
-                       closed=False, **header)
+            body = body[: len(body) - partial_tag_len(body, TAGS)]
+        return Message(
+            start, text[start : body_start + len(body)], True, body=body, closed=False, **header
+        )
     end = m.end() if m.group() in TERMINATORS else m.start()
-    return Message(start, text[start:end], True, body=text[body_start:m.start()],
-                   closed=True, **header)
+    return Message(
+        start, text[start:end], True, body=text[body_start : m.start()], closed=True, **header
+    )
 
 
 def scan(text: str, final: bool, open_channel: str | None = None) -> list[str | Message]:
@@ -115,9 +119,9 @@ def scan(text: str, final: bool, open_channel: str | None = None) -> list[str | 
     while pos < len(text):
         m = _HEADER_START.search(text, pos)
         if m is None or m.start() > pos:
-            bare = text[pos:m.start() if m else len(text)]
+            bare = text[pos : m.start() if m else len(text)]
             if m is None and not final:
-                bare = bare[:len(bare) - partial_tag_len(bare, TAGS)]
+                bare = bare[: len(bare) - partial_tag_len(bare, TAGS)]
             items.append(bare)
             if m is None:
                 break
@@ -128,8 +132,15 @@ def scan(text: str, final: bool, open_channel: str | None = None) -> list[str | 
                 items.append(Message(pos, text[pos:]))
             break  # a header cut short at the end holds no text
         channel, recipient, content_type = parse_header(text[pos:j])
-        msg = read_body(text, pos, j + len(MESSAGE), final, channel=channel,
-                        recipient=recipient, content_type=content_type)
+        msg = read_body(
+            text,
+            pos,
+            j + len(MESSAGE),
+            final,
+            channel=channel,
+            recipient=recipient,
+            content_type=content_type,
+        )
         items.append(msg)
         if not msg.closed:
             break

@@ -1,9 +1,12 @@
 """gpt-oss tool calls: harmony ``commentary`` messages to ``functions.NAME``.
 
 Format (OpenAI's harmony format, https://cookbook.openai.com/articles/openai-harmony;
-read by :mod:`paternoster.tool_parsers._harmony`)::
+read by :mod:`paternoster.tool_parsers._harmony`; one line in the output,
+wrapped here)::
 
-    <|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>
+    <|channel|>analysis<|message|>Need the weather.<|end|>
+    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json
+    <|message|>{"city": "Paris"}<|call|>
 
 A message with the recipient ``functions.NAME`` (on any channel; the recipient
 may also stand before ``<|channel|>``) is a call of ``NAME`` whose body is the
@@ -51,7 +54,7 @@ class OpenAIToolParser(ToolParser):
 
     def _call(self, msg: _harmony.Message, final: bool) -> _Call | str:
         """The function-call message ``msg`` as a call, pending, or (malformed) content."""
-        name = msg.recipient[len(FUNCTIONS):]
+        name = msg.recipient[len(FUNCTIONS) :]
         done = msg.closed or final
         try:
             args, end = scan_value(msg.body, 0)
