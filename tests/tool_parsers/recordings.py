@@ -150,6 +150,46 @@ WELL_FORMED = {
          None, [("web.search", {"q": "a, b] (c)", "n": [1, [2]]})]),
         ("plain_text", None, "Sure, here you go.", "Sure, here you go.", []),
     ],
+    "openai": [
+        ("one", None,
+         "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+         '{"city": "Paris", "days": 3}<|call|>',
+         None, [("get_weather", {"city": "Paris", "days": 3})]),
+        ("several", TOOLS,
+         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+         '{"city": "Paris"}<|call|><|start|>assistant<|channel|>commentary '
+         'to=functions.get_time <|constrain|>json<|message|>{"tz": "UTC"}<|call|>',
+         None, [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "UTC"})]),
+        ("preamble", None,
+         "<|channel|>commentary<|message|>Checking the weather now.<|end|><|start|>assistant"
+         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+         '{"city": "Oslo"}<|call|>',
+         "Checking the weather now.", [("get_weather", {"city": "Oslo"})]),
+        ("stop_token_stripped", None,
+         "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}",
+         None, [("get_time", {})]),
+        ("recipient_before_channel", None,
+         '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
+         '{"city": "Rome"}<|call|>',
+         None, [("get_weather", {"city": "Rome"})]),
+        ("reasoning_parser_content", None,
+         "Let me check.<|start|>assistant<|channel|>commentary to=functions.get_weather "
+         '<|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+         "Let me check.", [("get_weather", {"city": "Paris"})]),
+        ("nested_unicode", None,
+         "<|channel|>commentary to=functions.search <|constrain|>json<|message|>"
+         '{"query": "caf\\u00e9 \\"best\\" \u2615 \\\\ back", "filters": {"tags": '
+         '["a\\\\b", "日本", "\\n"], "limit": 5, "strict": true, "extra": null}}<|call|>',
+         None, [("search", NESTED)]),
+        ("final_answer", None,
+         "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+         "<|message|>It is 21 °C in Paris.<|return|>",
+         "It is 21 °C in Paris.", []),
+        ("builtin_tool", None,
+         '<|channel|>analysis to=browser.search code<|message|>{"query": "x"}<|call|>',
+         None, []),
+    ],
 }
 
 MALFORMED = {
@@ -217,5 +257,25 @@ MALFORMED = {
         ("not_literal", None, '[f(a=os.system("ls"))]', '[f(a=os.system("ls"))]', []),
         ("unknown_function", TOOLS, "[get_time(), rm_rf()]", "[get_time(), rm_rf()]", []),
         ("content_before", None, "Sure: [get_time()]", "Sure: [get_time()]", []),
+    ],
+    "openai": [
+        ("truncated", None,
+         '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Par',
+         '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Par',
+         []),
+        ("garbage", None,
+         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json<|call|>",
+         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>not json<|call|>", []),
+        ("unknown_function", TOOLS,
+         "<|channel|>commentary to=functions.rm_rf <|constrain|>json<|message|>{}<|call|>",
+         "<|channel|>commentary to=functions.rm_rf <|constrain|>json<|message|>{}<|call|>", []),
+        ("arguments_not_object", None,
+         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>[1, 2]<|call|>",
+         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>[1, 2]<|call|>", []),
+        ("bad_then_good", None,
+         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{oops<|call|>"
+         "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>"
+         "{}<|call|>",
+         "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{oops<|call|>", ["f"]),
     ],
 }

@@ -124,7 +124,7 @@ def test_numbers_keep_their_spelling():
     assert json.loads(got.calls[0].arguments) == {"x": 2500.0, "y": 0}
 
 
-@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "mistral", "qwen3_coder"])
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "mistral", "openai", "qwen3_coder"])
 def test_arguments_stream_incrementally(parser):
     label, tools, text, _, calls = next(c for c in WELL_FORMED[parser] if c[4])
     s = get_tool_parser(parser)(tools).streaming()

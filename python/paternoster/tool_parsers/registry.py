@@ -20,6 +20,7 @@ BUILTIN_TOOL_PARSERS: dict[str, str] = {
     "hermes": "paternoster.tool_parsers.hermes:HermesToolParser",
     "llama3_json": "paternoster.tool_parsers.llama3_json:Llama3JsonToolParser",
     "mistral": "paternoster.tool_parsers.mistral:MistralToolParser",
+    "openai": "paternoster.tool_parsers.openai:OpenAIToolParser",
     "pythonic": "paternoster.tool_parsers.pythonic:PythonicToolParser",
     "qwen3_coder": "paternoster.tool_parsers.qwen3_coder:Qwen3CoderToolParser",
 }
