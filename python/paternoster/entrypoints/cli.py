@@ -75,6 +75,11 @@ def make_parser() -> argparse.ArgumentParser:
         "mistral, pythonic; more from the entry-point group paternoster.tool_parsers)",
     )  # fmt: skip
     g.add_argument(
+        "--reasoning-parser", default=None, metavar="NAME",
+        help="split chat output into reasoning_content and the answer (built-in: deepseek_r1, "
+        "qwen3, gpt_oss; more from the entry-point group paternoster.reasoning_parsers)",
+    )  # fmt: skip
+    g.add_argument(
         "--enable-auto-tool-choice", action="store_true",
         help="vLLM's switch, accepted: tool_choice auto works whenever --tool-call-parser is set",
     )  # fmt: skip
@@ -210,6 +215,15 @@ async def serve(args: argparse.Namespace) -> int:
         except ValueError as e:
             logger.error("--tool-call-parser: %s", e)
             return 1
+    reasoning_parser = None
+    if args.reasoning_parser is not None:
+        from paternoster.reasoning_parsers import get_reasoning_parser
+
+        try:
+            reasoning_parser = get_reasoning_parser(args.reasoning_parser)
+        except ValueError as e:
+            logger.error("--reasoning-parser: %s", e)
+            return 1
     try:
         check_http_port(args.host, args.port)
         if args.zmq_address not in ("none", "off"):
@@ -261,7 +275,7 @@ async def serve(args: argparse.Namespace) -> int:
     try:
         name = args.served_model_name or info["model"]
         app = build_app(client, tokenizer, name, chat_template=chat_template, limits=limits,
-                        tool_parser=tool_parser)  # fmt: skip
+                        tool_parser=tool_parser, reasoning_parser=reasoning_parser)  # fmt: skip
         logger.info(
             "model %s from %s: max_model_len=%d, %d KV blocks of %d tokens",
             name, info.get("model_dir"), app.state.serving.max_model_len,

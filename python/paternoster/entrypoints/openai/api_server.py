@@ -230,6 +230,7 @@ def build_app(
     chat_template: str | None = None,
     limits: ServerLimits | None = None,
     tool_parser: type | None = None,
+    reasoning_parser: type | None = None,
 ) -> FastAPI:
     """Create the FastAPI app over a started engine client.
 
@@ -243,6 +244,8 @@ def build_app(
             16 MiB bodies, ``n`` <= 128, 64 stop strings).
         tool_parser: the ``--tool-call-parser`` class (a
             :class:`~paternoster.tool_parsers.ToolParser`), or ``None``.
+        reasoning_parser: the ``--reasoning-parser`` class (a
+            :class:`~paternoster.reasoning_parsers.ReasoningParser`), or ``None``.
     Returns:
         The app (serve it with uvicorn); ``app.state.metrics`` is its
         :class:`ServerMetrics` (a registry of its own).
@@ -255,7 +258,7 @@ def build_app(
     limits = limits or ServerLimits()
     frontend = Frontend(client, tokenizer, served_model_name, metrics.requests, chat_template,
                         limits.max_n, limits.max_stop)  # fmt: skip
-    serving = OpenAIServing(frontend, tool_parser)
+    serving = OpenAIServing(frontend, tool_parser, reasoning_parser)
     app.state.frontend = frontend
     app.state.serving = serving
     app.state.metrics = metrics

@@ -20,7 +20,9 @@ from paternoster.frontend.processor import ChatInput
 def chat_input(body: Any, messages: list[ChatMessage]) -> ChatInput:
     """Chat messages in the template's form, with the body's template settings
     (``chat_template``, ``add_generation_prompt``, ``continue_final_message``,
-    ``add_special_tokens``, ``tools``, ``chat_template_kwargs``).
+    ``add_special_tokens``, ``tools``, ``chat_template_kwargs``, and
+    ``reasoning_effort`` as the template variable of that name unless
+    ``chat_template_kwargs`` sets it).
 
     Raises:
         APIError: 400 for a content part that is not text or has no text, an
@@ -28,10 +30,14 @@ def chat_input(body: Any, messages: list[ChatMessage]) -> ChatInput:
             object, or two tools of the same name.
     """
     converted = [_message(i, m) for i, m in enumerate(messages)]
+    kwargs = body.chat_template_kwargs
+    effort = getattr(body, "reasoning_effort", None)
+    if effort is not None and "reasoning_effort" not in (kwargs or {}):
+        kwargs = {**(kwargs or {}), "reasoning_effort": effort}
     return ChatInput(
         converted, body.chat_template, body.add_generation_prompt,
         body.continue_final_message, body.add_special_tokens,
-        tools=tools_for_template(body.tools), template_kwargs=body.chat_template_kwargs,
+        tools=tools_for_template(body.tools), template_kwargs=kwargs,
     )  # fmt: skip
 
 

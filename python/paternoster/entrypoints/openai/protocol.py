@@ -262,6 +262,10 @@ class ChatCompletionRequest(_ChatTemplateFields, _SamplingFields):
         None, description="default: auto with tools (needs --tool-call-parser), else none")
     parallel_tool_calls: bool = Field(
         True, description="false: at most one call (enforced for required and named)")
+    include_reasoning: bool = Field(
+        True, description="return the reasoning split off by --reasoning-parser (vLLM)")
+    reasoning_effort: Literal["low", "medium", "high"] | None = Field(
+        None, description="passed to the chat template as reasoning_effort (gpt-oss)")
 
 
 class UsageInfo(BaseModel):
@@ -353,11 +357,15 @@ class ToolCallOut(BaseModel):
 
 class AssistantMessage(BaseModel):
     """The generated message of a chat choice: ``content`` is null when the
-    model only called tools; ``tool_calls`` is empty when it called none."""
+    model only called tools; ``tool_calls`` is empty when it called none;
+    ``reasoning_content`` and ``reasoning`` (the same text, vLLM's older and
+    newer names) hold what ``--reasoning-parser`` split off."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChoice(BaseModel):
@@ -386,6 +394,8 @@ class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict:

@@ -59,6 +59,7 @@ from paternoster.frontend.generation import Generation
 from paternoster.frontend.output_processor import SequenceState
 from paternoster.frontend.pipeline import Frontend, RequestOptions, Submitted
 from paternoster.frontend.processor import check_text
+from paternoster.reasoning_parsers import ReasoningParser
 from paternoster.tool_parsers import ToolParser
 
 logger = logging.getLogger("paternoster.server")
@@ -73,11 +74,17 @@ class OpenAIServing(ChatServing):
         frontend: the request pipeline.
         tool_parser: the ``--tool-call-parser`` class reading tool calls out
             of chat output (``tool_choice: "auto"``), or ``None``.
+        reasoning_parser: the ``--reasoning-parser`` class splitting chat
+            output into reasoning and answer, or ``None``.
     """
 
-    def __init__(self, frontend: Frontend, tool_parser: type[ToolParser] | None = None):
+    def __init__(self, frontend: Frontend, tool_parser: type[ToolParser] | None = None,
+                 reasoning_parser: type[ReasoningParser] | None = None):  # fmt: skip
         self.frontend = frontend
         self.tool_parser = tool_parser
+        self.reasoning_parser = (
+            reasoning_parser(frontend.tokenizer) if reasoning_parser is not None else None
+        )
         self.model_name = frontend.model_name
         self.tokenizer = frontend.tokenizer
         self.texts = TokenTexts(frontend.tokenizer)

@@ -18,11 +18,11 @@ from typing import Any
 from fastapi import Request
 
 from paternoster.entrypoints.openai.chat_messages import chat_input
+from paternoster.entrypoints.openai.chat_output import ChoiceOutput, ReasoningPlan
 from paternoster.entrypoints.openai.constraints import SOURCE_PARAM
 from paternoster.entrypoints.openai.errors import bad_request
 from paternoster.entrypoints.openai.logprobs import chat_logprobs
 from paternoster.entrypoints.openai.protocol import (
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -38,7 +38,7 @@ from paternoster.entrypoints.openai.sse import (
     event,
     run_until_disconnect,
 )
-from paternoster.entrypoints.openai.tool_calls import ChoiceToolCalls, ToolPlan, plan_tools
+from paternoster.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from paternoster.frontend.errors import (
     EngineDeadError,
     EngineOverloadedError,
@@ -54,6 +54,7 @@ class ChatServing:
     model_name: str
     texts: Any
     tool_parser: Any
+    reasoning_parser: Any
 
     async def create_chat_completion(self, body: ChatCompletionRequest, raw: Request):
         """Handle POST /v1/chat/completions (the chat template, by default with
@@ -83,7 +84,9 @@ class ChatServing:
             spec = dict(plan.constraint)
             sampling[SOURCE_PARAM] = spec.pop(SOURCE_PARAM)
             sampling["structured_outputs"] = spec
-        if plan is not None and not plan.skip_special_tokens:
+        parser = self.reasoning_parser
+        if (plan is not None and not plan.skip_special_tokens) or (
+                parser is not None and not parser.skip_special_tokens):  # fmt: skip
             sampling["skip_special_tokens"] = False  # the format's tags are special tokens
         setup = await self._submit(
             body, chat_input(body, body.messages), sampling, "chatcmpl", prompt_param="messages",
@@ -93,37 +96,47 @@ class ChatServing:
         gen = setup.gen
         try:  # every way out before the requests are sent gives their room back
             if body.stream:
-                return EventStream(self._chat_stream(setup, body.logprobs, plan), gen.release)
+                reasoning = self._reasoning_plan(body, setup.texts[0])
+                return EventStream(self._chat_stream(setup, body.logprobs, plan, reasoning),
+                                   gen.release)  # fmt: skip
             await run_until_disconnect(raw, consume(gen))
         except BaseException:
             gen.release()
             raise
-        choices = [self._chat_choice(s, body.logprobs, plan) for s in gen.states]
+        reasoning = self._reasoning_plan(body, setup.texts[0])
+        choices = [self._chat_choice(s, body.logprobs, ChoiceOutput(plan, reasoning))
+                   for s in gen.states]  # fmt: skip
         return ChatCompletionResponse(
             id=setup.request_id, created=setup.created, model=self.model_name, choices=choices,
             usage=usage(gen),
         )  # fmt: skip
 
+    def _reasoning_plan(self, body: ChatCompletionRequest,
+                        prompt_text: str | None) -> ReasoningPlan | None:  # fmt: skip
+        """The request's reasoning handling (``None`` without ``--reasoning-parser``)."""
+        parser = self.reasoning_parser
+        if parser is None:
+            return None
+        return ReasoningPlan(parser, parser.starts_in_reasoning(prompt_text or ""),
+                             body.include_reasoning)  # fmt: skip
+
     def _chat_choice(self, s: SequenceState, want_logprobs: bool,
-                     plan: ToolPlan | None) -> ChatChoice:  # fmt: skip
+                     output: ChoiceOutput) -> ChatChoice:  # fmt: skip
         """A finished choice of a non-streamed chat completion."""
-        content, calls, reason = s.text, [], s.finish_reason
-        if plan is not None:
-            content, calls = plan.message(s.text)
-            reason = plan.finish_reason(reason, bool(calls))
+        message, reason = output.message(s.text, s.finish_reason)
         return ChatChoice(
-            index=s.index, message=AssistantMessage(content=content, tool_calls=calls),
+            index=s.index, message=message,
             logprobs=chat_logprobs(self.texts, s.token_ids, s.logprobs) if want_logprobs
             else None,
             finish_reason=reason,
         )  # fmt: skip
 
-    async def _chat_stream(self, setup: Setup, want_logprobs: bool,
-                           plan: ToolPlan | None) -> AsyncIterator[str]:  # fmt: skip
+    async def _chat_stream(self, setup: Setup, want_logprobs: bool, plan: ToolPlan | None,
+                           reasoning: ReasoningPlan | None) -> AsyncIterator[str]:  # fmt: skip
         gen = setup.gen
         chunk = chunk_encoder(ChatCompletionChunk, setup, self.model_name)
         role_sent = False
-        tools = {s.index: ChoiceToolCalls(plan) for s in gen.states} if plan else {}
+        outputs = {s.index: ChoiceOutput(plan, reasoning) for s in gen.states}
         async with contextlib.aclosing(gen.deltas()) as deltas:
             try:
                 async for d in deltas:
@@ -135,15 +148,9 @@ class ChatServing:
                     lp = None
                     if want_logprobs and d.token_ids:
                         lp = chat_logprobs(self.texts, d.token_ids, d.logprobs)
-                    delta = DeltaMessage(content=d.text or None)
-                    reason = d.finish_reason
-                    if plan is not None:
-                        t = tools[d.index]
-                        parsed = t.feed(d.text, reason is not None)
-                        calls = [c.to_openai() for c in parsed.tool_calls] or None
-                        delta = DeltaMessage(content=parsed.content, tool_calls=calls)
-                        reason = plan.finish_reason(reason, t.called)
-                    if delta.content or delta.tool_calls or reason or lp is not None:
+                    delta, reason = outputs[d.index].feed(d.text, d.finish_reason)
+                    if (delta.content or delta.tool_calls or delta.reasoning or reason
+                            or lp is not None):  # fmt: skip
                         choice = ChatChunkChoice(
                             index=d.index, delta=delta, logprobs=lp, finish_reason=reason
                         )
