@@ -3,8 +3,9 @@ with the ``openai`` SDK: every constrained output is checked against an
 independent reference (the JSON schema with ``jsonschema_rs``, the regex with
 Python's ``re``, the choices as a set, the EBNF language by hand), under
 sampling, ``n`` > 1, chunked prefill, preemption, a batch mixing constrained
-and free rows, streaming and ``max_tokens`` cut-offs; bad constraints are a
-400 naming the field."""
+and free rows, streaming and ``max_tokens`` cut-offs; the reasoning gate
+(the constraint held back until an end tag, a start tag at the first token,
+preemption while reasoning); bad constraints are a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -198,6 +199,12 @@ def test_the_constraint_is_not_applied_before_the_end_of_reasoning(llm, tokenize
     want, got = (llm.generate(PROMPTS[2:3], p)[0].outputs[0] for p in (free, gated))
     assert got.token_ids == want.token_ids and got.finish_reason == "length"
     assert not re.fullmatch("[0-9]*", got.text), got.text
+    # EOS while reasoning (the grammar never ran): the model's choice, "stop".
+    eos = tokenizer.eos_token_id
+    stopped = SamplingParams(temperature=0.0, max_tokens=8, logit_bias={eos: 100},
+                             structured_outputs=gated.structured_outputs)
+    choice = llm.generate(PROMPTS[2:3], stopped)[0].outputs[0]
+    assert (choice.token_ids, choice.finish_reason) == ([eos], "stop")
 
 
 def test_a_start_tag_may_open_the_reasoning_at_the_first_token(llm, tokenizer):
