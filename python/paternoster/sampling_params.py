@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from paternoster.structured_outputs import normalize_spec
+from paternoster.structured_outputs import gate_token_ids, normalize_spec
 
 _GREEDY_EPS = 1e-5
 MAX_N = 128  # most completions per request
@@ -73,8 +73,10 @@ class SamplingParams:
         structured_outputs: constrain the output (vLLM's field): a map with
             exactly one of ``json`` (a JSON schema), ``json_object`` (true),
             ``regex``, ``choice`` (a list of strings) or ``grammar`` (EBNF);
-            see :mod:`paternoster.structured_outputs`. Kept in canonical form
-            (:func:`~paternoster.structured_outputs.normalize_spec`).
+            see :mod:`paternoster.structured_outputs`; optionally also
+            ``reasoning`` (the reasoning gate: the constraint applies after
+            the model's reasoning; :mod:`paternoster.reasoning_gate`). Kept in
+            canonical form (:func:`~paternoster.structured_outputs.normalize_spec`).
         bad_words_token_ids: (derived by :meth:`prepare` from ``bad_words``;
             not a request field) the token sequences to ban.
         needs_logits_processing: (derived, set by :meth:`validate`) True when
@@ -227,7 +229,8 @@ class SamplingParams:
         """``(field, token ids)`` of every field that holds token ids."""
         return [("stop_token_ids", self.stop_token_ids),
                 ("logit_bias", list(self.logit_bias or ())),
-                ("allowed_token_ids", self.allowed_token_ids or [])]  # fmt: skip
+                ("allowed_token_ids", self.allowed_token_ids or []),
+                *gate_token_ids(self.structured_outputs or {})]  # fmt: skip
 
     def prepare(self, tokenizer: Any) -> SamplingParams:
         """These params with the fields derived through the tokenizer filled in

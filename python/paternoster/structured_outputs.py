@@ -17,6 +17,14 @@ a map with exactly one of vLLM's keys:
 - ``choice``: a non-empty list of strings, the output is one of them;
 - ``grammar``: an EBNF grammar (xgrammar's GBNF dialect, rule ``root``).
 
+and, for a reasoning model, optionally ``reasoning``: ``{"end": [token ids],
+"start": [token id] or [], "in_reasoning": bool}``, the reasoning gate
+(:mod:`paternoster.reasoning_gate`): the constraint applies to the answer
+after the reasoning (from the token after ``end``), never to the reasoning;
+``start`` (one token at most) may open the reasoning at the first token.
+The gate is per request state, not part of the compiled grammar (grammars are
+cached by the constraint alone).
+
 :func:`normalize_spec` checks the map's shape without xgrammar (the engine
 and the wire call it); :func:`check_spec` parses the constraint with xgrammar
 (the frontend calls it, so a bad schema is a 400 naming it);
@@ -38,10 +46,14 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from paternoster.reasoning_gate import ReasoningGate, normalize_gate
+
 logger = logging.getLogger(__name__)
 
-#: The keys of a ``structured_outputs`` map (exactly one per request).
+#: The constraint keys of a ``structured_outputs`` map (exactly one per request).
 SPEC_KEYS = ("json", "json_object", "regex", "choice", "grammar")
+#: The optional key of a ``structured_outputs`` map holding the reasoning gate.
+GATE_KEY = "reasoning"
 #: Longest constraint text accepted (characters of the schema, regex or grammar).
 MAX_SPEC_CHARS = 1 << 20
 
@@ -58,22 +70,31 @@ def _xgrammar():
 
 def normalize_spec(spec: Any) -> dict[str, Any]:
     """A ``structured_outputs`` map in canonical form: one key of
-    :data:`SPEC_KEYS`; ``json`` as compact JSON text, key order kept (the
-    order properties are generated in).
+    :data:`SPEC_KEYS` first; ``json`` as compact JSON text, key order kept
+    (the order properties are generated in); then, if given (not None), the
+    reasoning gate under :data:`GATE_KEY` (``"reasoning"``) with all its keys:
+    ``{"end": [token ids, at least one], "start": [] or [one token id],
+    "in_reasoning": bool}`` (``start`` default ``[]``, ``in_reasoning``
+    default false; see :mod:`paternoster.reasoning_gate`).
 
     Raises:
         ValueError: naming ``structured_outputs`` or ``structured_outputs.<key>``:
-            not a map, no or several keys, an unknown key, a value of the wrong
-            type, an empty or oversized one.
+            not a map, no or several constraint keys, an unknown key, a value of
+            the wrong type, an empty or oversized one, a bad gate (naming
+            ``structured_outputs.reasoning[.<key>]``: e.g. a start tag of
+            several tokens).
     """
     if not isinstance(spec, dict):
         raise ValueError(f"structured_outputs must be an object with one of "
                          f"{', '.join(SPEC_KEYS)}, got {type(spec).__name__}")
+    gate = spec.get(GATE_KEY)
+    if GATE_KEY in spec:
+        spec = {k: v for k, v in spec.items() if k != GATE_KEY}
     keys = [k for k, v in spec.items() if v is not None and v is not False]
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
         raise ValueError(f"structured_outputs: unknown keys {unknown}; use one of "
-                         f"{', '.join(SPEC_KEYS)}")
+                         f"{', '.join(SPEC_KEYS)} (and optionally {GATE_KEY})")
     if len(keys) != 1:
         raise ValueError(f"structured_outputs must set exactly one of {', '.join(SPEC_KEYS)}, "
                          f"got {sorted(keys) or 'none'}")
@@ -105,7 +126,31 @@ def normalize_spec(spec: Any) -> dict[str, Any]:
         raise ValueError(f"{where} is longer than {MAX_SPEC_CHARS} characters")
     if key == "choice" and sum(len(c) for c in value) > MAX_SPEC_CHARS:
         raise ValueError(f"{where} is longer than {MAX_SPEC_CHARS} characters")
-    return {key: value}
+    if gate is None:
+        return {key: value}
+    return {key: value, GATE_KEY: normalize_gate(gate)}
+
+
+def constraint(spec: dict[str, Any]) -> tuple[str, Any]:
+    """The constraint of a normalized spec: ``(key, value)``, the reasoning
+    gate left out."""
+    return next((k, v) for k, v in spec.items() if k != GATE_KEY)
+
+
+def gate_of(spec: dict[str, Any]) -> ReasoningGate | None:
+    """A new reasoning gate for a request with this normalized spec, or None
+    (no gate, or one that never holds the grammar back)."""
+    return ReasoningGate.from_spec(spec.get(GATE_KEY))
+
+
+def gate_token_ids(spec: dict[str, Any]) -> list[tuple[str, list[int]]]:
+    """``(field, token ids)`` of a normalized spec's reasoning gate (none
+    without a gate), for the range check against the vocabulary."""
+    gate = spec.get(GATE_KEY)
+    if gate is None:
+        return []
+    return [(f"structured_outputs.{GATE_KEY}.end", gate["end"]),
+            (f"structured_outputs.{GATE_KEY}.start", gate["start"])]
 
 
 #: JSON Schema keywords xgrammar does not enforce (it would only log a warning
@@ -196,7 +241,7 @@ def _choice_ebnf(choices: list[str]) -> str:
 def _grammar(spec: dict[str, Any]):
     """The ``xgrammar.Grammar`` of a normalized spec (raises xgrammar's errors)."""
     xgr = _xgrammar()
-    key, value = next(iter(spec.items()))
+    key, value = constraint(spec)
     if key == "json":
         return xgr.Grammar.from_json_schema(value, any_whitespace=False)
     if key == "json_object":
@@ -209,9 +254,9 @@ def _grammar(spec: dict[str, Any]):
 
 
 def check_spec(spec: dict[str, Any]) -> None:
-    """:func:`_check_spec` cached by the spec (a repeated schema is parsed
-    once). Raises as it."""
-    key = json.dumps(spec)
+    """:func:`_check_spec` cached by the constraint (a repeated schema is
+    parsed once; the reasoning gate is not parsed). Raises as it."""
+    key = json.dumps(constraint(spec))
     with _checked_lock:
         cached = _checked.get(key)
     if cached is None:
@@ -242,7 +287,7 @@ def _check_spec(spec: dict[str, Any]) -> None:
             unsupported JSON schema, regex or grammar (xgrammar's message), or
             xgrammar not installed.
     """
-    key = next(iter(spec))
+    key = constraint(spec)[0]
     try:
         _grammar(spec)
     except ValueError:
@@ -293,8 +338,8 @@ class GrammarCompiler:
 
     def compile_async(self, spec: dict[str, Any]) -> Future:
         """A future of the spec's ``xgrammar.CompiledGrammar`` (shared by
-        every request with an equal spec)."""
-        key = json.dumps(spec, sort_keys=True)
+        every request with an equal constraint, whatever its reasoning gate)."""
+        key = json.dumps(constraint(spec), sort_keys=True)
         with self._lock:
             future = self._compiled.get(key)
             if future is None:
@@ -309,17 +354,51 @@ class GrammarCompiler:
 
 class GrammarState:
     """One request's position in its grammar: a ``GrammarMatcher`` over the
-    compiled grammar, created when the grammar is first needed.
+    compiled grammar, created when the grammar is first needed; with a
+    reasoning gate, held back while the model reasons (the step's row is then
+    not a grammar row: :meth:`constrains_next`).
 
     Args:
         compiled: the future from :meth:`GrammarCompiler.compile_async`.
         vocab_size: the model's logits width.
+        gate: the request's reasoning gate (from the spec's ``reasoning``), or
+            None: the grammar applies from the first token.
     """
 
-    def __init__(self, compiled: Future, vocab_size: int) -> None:
+    def __init__(self, compiled: Future, vocab_size: int,
+                 gate: ReasoningGate | None = None) -> None:
         self._compiled = compiled
         self._matcher = None
         self._vocab_size = vocab_size
+        # Dropped once the answer begins: from then on the state is an ungated one.
+        self._gate = gate
+
+    @property
+    def gate(self) -> ReasoningGate | None:
+        """The reasoning gate while the answer has not begun, else None."""
+        return self._gate
+
+    def constrains_next(self, output_token_ids: list[int]) -> bool:
+        """Whether the grammar masks the request's next token (the sampler
+        asks once per sampling step, before the bitmasks are filled): always
+        without a gate; with one, at the first token when a start tag may
+        open the reasoning, not while reasoning, and from the token after the
+        end tag on (the grammar then takes any output tokens past the tag it
+        has not seen: none in a normal step).
+
+        Args:
+            output_token_ids: the request's output so far.
+        """
+        gate = self._gate
+        if gate is None or gate.start_token is not None:
+            return True
+        answer_from = gate.find_end(output_token_ids)
+        if answer_from is None:
+            return False
+        self._gate = None
+        for token in output_token_ids[answer_from:]:
+            self.accept(token)
+        return True
 
     @property
     def matcher(self):
@@ -343,17 +422,26 @@ class GrammarState:
         bit ``t`` of the row = token ``t`` allowed). Once the grammar is
         complete and a stop token accepted (the request goes on only with
         ``ignore_eos``), only the stop tokens are allowed: the text stays the
-        grammar's."""
+        grammar's. A start tag that may still open the reasoning is
+        allowed too."""
         if not self.terminated:
             self.matcher.fill_next_token_bitmask(bitmask, row)
+            if self._gate is not None:
+                _allow(bitmask, row, self._gate.start_token)
             return
         bitmask[row] = 0
         for t in self.matcher.stop_token_ids:
-            bitmask[row, t // 32] |= 1 << (t % 32) if t % 32 < 31 else -(1 << 31)
+            _allow(bitmask, row, t)
 
     def accept(self, token: int) -> bool:
         """Advance past a sampled token; False if the grammar rejects it (then
-        the state is unchanged). After termination a stop token is accepted."""
+        the state is unchanged). After termination a stop token is accepted.
+        The first token of a gated state is the start tag (the reasoning
+        begins; the grammar is not advanced) or the answer's first."""
+        if self._gate is not None:
+            if self._gate.opens_reasoning(int(token)):
+                return True
+            self._gate = None
         if self.terminated:
             return int(token) in self.matcher.stop_token_ids
         return bool(self.matcher.accept_token(int(token)))
@@ -365,6 +453,11 @@ class GrammarState:
         bitmask = xgr.allocate_token_bitmask(1, self._vocab_size)
         self.matcher.fill_next_token_bitmask(bitmask, 0)
         return bool(bitmask.any())
+
+
+def _allow(bitmask, row: int, token: int) -> None:
+    """Set token ``token``'s bit in ``bitmask[row]`` (int32 words)."""
+    bitmask[row, token // 32] |= 1 << (token % 32) if token % 32 < 31 else -(1 << 31)
 
 
 def fill_bitmasks(states: list[GrammarState], rows: list[int],

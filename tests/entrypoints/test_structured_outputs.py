@@ -3,11 +3,13 @@ with the ``openai`` SDK: every constrained output is checked against an
 independent reference (the JSON schema with ``jsonschema_rs``, the regex with
 Python's ``re``, the choices as a set, the EBNF language by hand), under
 sampling, ``n`` > 1, chunked prefill, preemption, a batch mixing constrained
-and free rows, streaming and ``max_tokens`` cut-offs; bad constraints are a
-400 naming the field."""
+and free rows, streaming and ``max_tokens`` cut-offs; the reasoning gate
+(the constraint held back until an end tag, a start tag at the first token,
+preemption while reasoning); bad constraints are a 400 naming the field."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -165,6 +167,105 @@ def test_constraints_xgrammar_would_not_enforce_are_refused(spec, match):
         SamplingParams(structured_outputs=spec)
 
 
+# ------------------------------------------------------- the reasoning gate
+
+
+def _one(tokenizer, text: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == 1, (text, ids)
+    return ids[0]
+
+
+def test_the_constraint_applies_after_the_end_of_reasoning(llm, tokenizer):
+    """The end tag E is forced by logit_bias as the first token (the grammar
+    is held back: E is no digit); after it the regex holds."""
+    end = _one(tokenizer, " banana")
+    params = SamplingParams(temperature=0.0, max_tokens=16, logit_bias={end: 100},
+                            structured_outputs={"regex": "[0-9]{3}", "reasoning": {
+                                "end": [end], "in_reasoning": True}})
+    choice = llm.generate(PROMPTS[:1], params)[0].outputs[0]
+    assert choice.token_ids[0] == end and choice.finish_reason == "stop"
+    assert choice.text.startswith(" banana")
+    assert re.fullmatch("[0-9]{3}", choice.text[len(" banana"):]), choice.text
+
+
+def test_the_constraint_is_not_applied_before_the_end_of_reasoning(llm, tokenizer):
+    """The end tag banned: the whole output is reasoning, the free output."""
+    end = _one(tokenizer, " banana")
+    free = SamplingParams(temperature=0.0, max_tokens=8, logit_bias={end: -100})
+    gated = SamplingParams(temperature=0.0, max_tokens=8, logit_bias={end: -100},
+                           structured_outputs={"regex": "[0-9]{3}", "reasoning": {
+                               "end": [end], "in_reasoning": True}})
+    want, got = (llm.generate(PROMPTS[2:3], p)[0].outputs[0] for p in (free, gated))
+    assert got.token_ids == want.token_ids and got.finish_reason == "length"
+    assert not re.fullmatch("[0-9]*", got.text), got.text
+    # EOS while reasoning (the grammar never ran): the model's choice, "stop".
+    eos = tokenizer.eos_token_id
+    stopped = SamplingParams(temperature=0.0, max_tokens=8, logit_bias={eos: 100},
+                             structured_outputs=gated.structured_outputs)
+    choice = llm.generate(PROMPTS[2:3], stopped)[0].outputs[0]
+    assert (choice.token_ids, choice.finish_reason) == ([eos], "stop")
+
+
+def test_a_start_tag_may_open_the_reasoning_at_the_first_token(llm, tokenizer):
+    """S (forced) opens the reasoning although the regex forbids it; the
+    reasoning is free (S again is banned by bad_words, E forced next); the
+    regex holds after E."""
+    start, end = _one(tokenizer, " apple"), _one(tokenizer, " banana")
+    assert tokenizer.encode(" apple apple", add_special_tokens=False) == [start, start]
+    params = SamplingParams(temperature=0.0, max_tokens=16, logit_bias={start: 100, end: 90},
+                            bad_words=[" apple apple"],
+                            structured_outputs={"regex": "[0-9]{3}", "reasoning": {
+                                "end": [end], "start": [start], "in_reasoning": False}},
+                            ).prepare(tokenizer)  # the offline LLM does not derive bad_words
+    choice = llm.generate(PROMPTS[:1], params)[0].outputs[0]
+    assert choice.token_ids[:2] == [start, end] and choice.finish_reason == "stop"
+    assert re.fullmatch("[0-9]{3}", tokenizer.decode(choice.token_ids[2:],
+                                                     skip_special_tokens=True))
+    # Without the start tag in the gate, the same bias cannot move the grammar.
+    params = dataclasses.replace(params, structured_outputs={"regex": "[0-9]{3}"})
+    assert re.fullmatch("[0-9]{3}", llm.generate(PROMPTS[:1], params)[0].outputs[0].text)
+
+
+def test_a_gated_request_preempted_while_reasoning_resumes_where_it_was():
+    """The gated request (reasoning until a token its free output writes at
+    its 5th position or later, then a regex) is preempted while it reasons
+    (the others' 46-token prompts fill three blocks each and all grow into a
+    fourth together; the victim is the last admitted), and its output is
+    token for token the one it has alone (batch-invariant engines)."""
+    engine = dict(dtype="bfloat16", batch_invariant=True, num_threads=2, max_model_len=1024,
+                  max_num_seqs=8, enable_prefix_caching=False)
+    prompt = PROMPTS[2] + " Please answer with care and detail." * 3
+    alone = LLM(**engine)
+    tokenizer = alone.tokenizer
+    free = alone.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12,
+                                                   ignore_eos=True))[0].outputs[0].token_ids
+    k = next(i for i in range(4, 12) if free[i] not in free[:i])
+    params = SamplingParams(temperature=0.0, max_tokens=24, structured_outputs={
+        "regex": "[0-9]{3}", "reasoning": {"end": [free[k]], "in_reasoning": True}})
+    reference = alone.generate([prompt], params)[0].outputs[0]
+    assert reference.token_ids[: k + 1] == free[: k + 1]
+    assert re.fullmatch("[0-9]{3}", tokenizer.decode(reference.token_ids[k + 1:],
+                                                     skip_special_tokens=True))
+
+    crowded = LLM(**engine, num_kv_blocks=24)
+    victims = []  # the gated request's output length when preempted
+    preempt = crowded.engine.scheduler.preempt
+
+    def spy(request, out):
+        if request.grammar is not None:
+            victims.append(request.num_output_tokens)
+        return preempt(request, out)
+
+    crowded.engine.scheduler.preempt = spy
+    others = [[(7 * i + j) % 4000 + 100 for j in range(46)] for i in range(7)]
+    busy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    outs = crowded.generate(others + [tokenizer.encode(prompt)], [busy] * 7 + [params])
+    assert victims and all(0 < n <= k for n in victims), (victims, k)  # while reasoning
+    assert outs[7].outputs[0].token_ids == reference.token_ids
+    assert outs[7].outputs[0].finish_reason == reference.finish_reason == "stop"
+
+
 # ------------------------------------------------------------------- HTTP
 
 
@@ -231,6 +332,10 @@ def test_completions_endpoint_takes_structured_outputs_and_guided_aliases(client
     ({"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "string", "pattern": "(?=x)"}}}}, "response_format"),
     ({"structured_outputs": {"grammar": "root ::= root"}}, None),
+    ({"structured_outputs": {"regex": "a", "reasoning": {"end": [1], "start": [2, 3]}}},
+     "structured_outputs"),
+    ({"structured_outputs": {"regex": "a", "reasoning": {"end": [10 ** 7]}}},
+     "structured_outputs"),
 ])
 def test_bad_constraints_are_a_400_naming_the_field(client, body, param):
     import openai

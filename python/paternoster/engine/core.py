@@ -24,7 +24,7 @@ from paternoster.model.runner import ModelRunner
 from paternoster.request import Request
 from paternoster.scheduling.output import SchedulerOutput
 from paternoster.scheduling.registry import load_scheduler_class
-from paternoster.structured_outputs import GrammarCompiler, GrammarState
+from paternoster.structured_outputs import GrammarCompiler, GrammarState, gate_of
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +258,8 @@ class EngineCore:
 
     def _grammar_state(self, spec: dict) -> GrammarState:
         """A new request's structured-output state: its grammar compiled (or
-        taken from the cache) against the model's vocabulary, on admission.
+        taken from the cache) against the model's vocabulary, on admission,
+        and its reasoning gate (the spec's ``reasoning``), if any.
 
         Raises:
             ValueError: the constraint does not compile, or xgrammar is missing.
@@ -277,7 +278,7 @@ class EngineCore:
             raise
         except Exception as e:  # noqa: BLE001 - xgrammar's compile errors
             raise ValueError(f"structured_outputs: cannot compile the constraint: {e}") from e
-        state = GrammarState(compiled, self.runner.vocab_size)
+        state = GrammarState(compiled, self.runner.vocab_size, gate_of(spec))
         if not state.admits_output():
             raise ValueError("structured_outputs: the constraint admits no output at all")
         return state

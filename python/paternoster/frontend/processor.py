@@ -26,7 +26,7 @@ from paternoster.frontend.errors import InvalidRequestError
 from paternoster.sampling_params import MAX_N, SamplingParams
 
 DEFAULT_MAX_STOP = 64
-_PARAM_RE = re.compile(r"^(\w+)(?: keys| values)? must")
+_PARAM_RE = re.compile(r"^(\w+)(?:\.[\w.]+)?(?: keys| values)? must")
 
 # Roles whose messages must carry content (OpenAI answers 400 without it);
 # an assistant message may have none (it then carries tool calls).

@@ -114,13 +114,16 @@ class Sampler:
         """Start filling the grammar bitmask of this step's constrained
         sampling rows on a background thread (the runner calls it before the
         forward pass, which it then overlaps); None when no row is constrained.
+        A row whose grammar waits for the end of the model's reasoning is not
+        constrained this step (``GrammarState.constrains_next``).
 
         Returns:
             A future of (rows, int32 bitmask ``[len(rows), ceil(V / 32)]``):
             ``rows`` index the sampling rows (``sample_rows`` order).
         """
         reqs = [model_input.requests[i] for i in model_input.sample_rows.tolist()]
-        rows = [j for j, r in enumerate(reqs) if r.grammar is not None]
+        rows = [j for j, r in enumerate(reqs)
+                if r.grammar is not None and r.grammar.constrains_next(r.output_token_ids)]
         if not rows:
             return None
         if self._grammar_thread is None:
