@@ -119,3 +119,14 @@ def test_reports_the_thread_count_it_used(llm):
     # The suite's conftest sets PATERNOSTER_NUM_THREADS=1 (auto otherwise).
     assert llm.engine.info["num_threads"] == llm.engine.threads.num_threads == 1
     assert llm.engine.threads.source == "env"
+
+
+def test_bad_words_hold_offline(llm):
+    """``bad_words`` are turned into token ids offline too (they were ignored)."""
+    prompt = "The capital of France is"
+    free = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0))[0]
+    ids = free.outputs[0].token_ids
+    word = llm.tokenizer.decode(ids[:1]).strip()
+    banned = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0,
+                                                   bad_words=[word]))[0]  # fmt: skip
+    assert banned.outputs[0].token_ids[0] != ids[0]

@@ -235,7 +235,7 @@ class LLM:
                 if not ids:
                     raise ValueError(f"prompt {p} is empty")
                 ids = self.processor.check_token_ids(ids)
-                params = self.processor.fit(params, len(ids))
+                params = self.processor.fit(params.prepare(self.tokenizer), len(ids))
                 rid = str(next(self._ids))
                 results.append(RequestOutput(rid, text, ids))
                 reqs = fan_out(rid, ids, params, 0, priorities[p])
