@@ -94,3 +94,28 @@ def test_an_unknown_reasoning_parser_exits_with_one_clear_line(default_model_pat
     )  # fmt: skip
     assert proc.returncode == 1
     assert "'nope'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# The prompt ends inside an open reasoning block, as DeepSeek-R1's and
+# Qwen3-Thinking-2507's templates leave it.
+OPEN_THINK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                       "<|im_end|>\n{% endfor %}<|im_start|>assistant\n<think>\n")  # fmt: skip
+
+
+def test_a_schema_constrains_the_answer_not_the_reasoning(client):
+    """With the prompt in reasoning, the JSON schema waits for ``</think>``: the
+    (cut) output is free reasoning text, not JSON, and nothing is claimed as
+    the answer. Without the gate the first token would already be ``{``."""
+    c, model = client
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    kw = dict(model=model, messages=MESSAGES, max_tokens=12, temperature=0,
+              response_format=fmt)  # fmt: skip
+    r = c.chat.completions.create(**kw, extra_body={"chat_template": OPEN_THINK_TEMPLATE})
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "length"
+    assert m.content is None and m.model_extra["reasoning_content"]
+    assert not m.model_extra["reasoning_content"].lstrip().startswith("{")
+    # the same request whose prompt does not open reasoning is constrained at once
+    r = c.chat.completions.create(**kw, max_completion_tokens=40)
+    assert r.choices[0].message.content.startswith("{")

@@ -173,3 +173,18 @@ def test_every_public_name_has_a_docstring():
                 for attr, member in vars(obj).items():
                     if inspect.isfunction(member) and not attr.startswith("_"):
                         assert member.__doc__, f"{module.__name__}.{name}.{attr}"
+
+
+def test_grammar_gate(tag_tokenizer):
+    """The gate the engine gets: end and start tag ids, and whether the prompt
+    opened reasoning (gpt-oss: always wait for the final channel)."""
+    think = tag_tokenizer.convert_tokens_to_ids("<think>")
+    end = tag_tokenizer.convert_tokens_to_ids("</think>")
+    qwen3 = get_reasoning_parser("qwen3")(tag_tokenizer)
+    assert qwen3.grammar_gate("<|im_start|>assistant\n") == {
+        "end": [end], "start": [think], "in_reasoning": False}
+    assert qwen3.grammar_gate("<|im_start|>assistant\n<think>\n")["in_reasoning"] is True
+    gpt = get_reasoning_parser("gpt_oss")(tag_tokenizer)
+    gate = gpt.grammar_gate("<|start|>assistant")
+    assert gate["in_reasoning"] is True and gate["end"] == gpt.end_token_ids()
+    assert get_reasoning_parser("qwen3")(None).grammar_gate("x") is None

@@ -33,7 +33,7 @@ from paternoster.frontend.processor import (
 )
 from paternoster.metrics.requests import RequestMetrics
 from paternoster.sampling_params import MAX_N
-from paternoster.structured_outputs import check_spec
+from paternoster.structured_outputs import GATE_KEY, check_spec
 
 Prompt = str | Sequence[int]
 """A prompt: text, or token ids."""
@@ -55,6 +55,10 @@ class RequestOptions:
             for chat).
         constraint_param: the field errors about the structured-output
             constraint name (``response_format`` when it came from there).
+        reasoning_gate: for a chat request with a structured-output
+            constraint, a function of the rendered prompt giving the
+            constraint's ``reasoning`` entry (the grammar then waits for the
+            reasoning to end), or ``None``.
     """
 
     request_id_prefix: str = "req"
@@ -64,6 +68,7 @@ class RequestOptions:
     add_special_tokens: bool = True
     prompt_param: str = "prompt"
     constraint_param: str = "structured_outputs"
+    reasoning_gate: Callable[[str], dict[str, Any] | None] | None = None
 
 
 @dataclass
@@ -166,6 +171,11 @@ class Frontend:
                 raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
             check_text(salt, "cache_salt")
         ids, texts = await self.run_tokenizer(self._tokenize, prompts, options)
+        spec = sampling.get("structured_outputs")
+        if options.reasoning_gate is not None and spec is not None and texts[0] is not None:
+            gate = options.reasoning_gate(texts[0])
+            if gate is not None:
+                sampling = {**sampling, "structured_outputs": {**spec, GATE_KEY: gate}}
         params = self.processor.sampling_params(
             sampling, [len(p) for p in ids], options.default_max_tokens, options.prompt_param
         )

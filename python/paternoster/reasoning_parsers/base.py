@@ -132,6 +132,36 @@ class ReasoningParser(ABC):
             return None
         return list(self.tokenizer.encode(self.reasoning_end_text(), add_special_tokens=False))
 
+    #: The text that opens a reasoning block the model writes itself, or None.
+    start_text: ClassVar[str | None] = None
+
+    def grammar_gate(self, prompt_text: str) -> dict[str, Any] | None:
+        """The ``reasoning`` entry of a structured-output spec for a request
+        whose rendered prompt is ``prompt_text``: the engine then holds the
+        grammar back until the reasoning ends (see
+        :mod:`paternoster.reasoning_gate`), so a schema or a forced tool call
+        constrains the answer, never the reasoning.
+
+        Returns:
+            ``{"end": ids, "start": [id] or [], "in_reasoning": bool}``; ``start``
+            is set when :attr:`start_text` is one token. ``None`` without a
+            tokenizer or an end marker.
+        """
+        end = self.end_token_ids()
+        if not end:
+            return None
+        start: list[int] = []
+        if self.start_text and self.tokenizer is not None:
+            ids = list(self.tokenizer.encode(self.start_text, add_special_tokens=False))
+            start = ids if len(ids) == 1 else []
+        return {"end": end, "start": start,
+                "in_reasoning": self.gate_starts_in_reasoning(prompt_text)}  # fmt: skip
+
+    def gate_starts_in_reasoning(self, prompt_text: str) -> bool:
+        """Whether the grammar waits for the end marker from the first token
+        (default: :meth:`starts_in_reasoning`)."""
+        return self.starts_in_reasoning(prompt_text)
+
     def extract(self, text: str, *, in_reasoning: bool | None = None) -> ExtractedReasoning:
         """Split a complete generation into reasoning and content.
 

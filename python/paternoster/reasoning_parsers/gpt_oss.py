@@ -48,6 +48,11 @@ class GptOssReasoningParser(ReasoningParser):
     skip_special_tokens = False
     end_text = _harmony.CHANNEL + "final" + _harmony.MESSAGE
 
+    def gate_starts_in_reasoning(self, prompt_text: str) -> bool:
+        """Always: every gpt-oss answer opens with a channel header, and only the
+        final channel's message is the answer a grammar may constrain."""
+        return True
+
     def starts_in_reasoning(self, prompt_text: str) -> bool:
         """Whether the prompt ends inside an open analysis message (its last
         message has read ``<|channel|>analysis<|message|>`` and no terminator)."""

@@ -56,6 +56,7 @@ class ThinkReasoningParser(ReasoningParser):
     """``<think>reasoning</think>content``; subclasses set :attr:`default_in_reasoning`."""
 
     end_text = END
+    start_text = START
     default_in_reasoning = True
     """What ``in_reasoning=None`` (unknown) means for this family."""
 

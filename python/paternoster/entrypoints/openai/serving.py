@@ -210,10 +210,13 @@ class OpenAIServing(ChatServing):
         """
         sampling = dict(sampling)
         constraint_param = sampling.pop(SOURCE_PARAM, "structured_outputs")
+        gate = None
+        if self.reasoning_parser is not None and prompt_param == "messages":
+            gate = self.reasoning_parser.grammar_gate
         options = RequestOptions(
             request_id_prefix=prefix, priority=body.priority, cache_salt=body.cache_salt,
             default_max_tokens=default_max_tokens, prompt_param=prompt_param,
-            constraint_param=constraint_param,
+            constraint_param=constraint_param, reasoning_gate=gate,
         )  # fmt: skip
         try:
             sub: Submitted = await self.frontend.submit(prompts, sampling, options)
