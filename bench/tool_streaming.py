@@ -72,6 +72,8 @@ def long_call(name: str) -> str | None:
         "hermes": f'<tool_call>\n{{"name": "get_weather", "arguments": {j}}}\n</tool_call>',
         "llama3_json": f'{{"name": "get_weather", "parameters": {j}}}',
         "mistral": f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {j}}}]',
+        "openai": ("<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                   f"<|message|>{j}<|call|>"),
         "pythonic": f'[get_weather(city="{args["city"]}", days=3)]',
         "qwen3_coder": ("<tool_call>\n<function=get_weather>\n<parameter=city>\n"
                         f"{args['city']}\n</parameter>\n<parameter=days>\n3\n</parameter>\n"

@@ -224,6 +224,10 @@ class ToolParser(ABC):
     """
 
     name: ClassVar[str] = ""
+    #: False when the format's tags are special tokens, which detokenization
+    #: would drop: the server then keeps special tokens in the text (vLLM does
+    #: the same for Mistral's ``[TOOL_CALLS]`` and gpt-oss's harmony tags).
+    skip_special_tokens: ClassVar[bool] = True
 
     def __init__(self, tools: Iterable[Any] | None = None, *,
                  id_factory: Callable[[], str] | None = None, seed: int | None = None):

@@ -32,6 +32,7 @@ class MistralToolParser(ToolParser):
     """``[TOOL_CALLS]`` followed by a JSON list of calls, or by ``name[ARGS]{...}``."""
 
     name = "mistral"
+    skip_special_tokens = False
 
     def _scan(self, text: str, final: bool) -> list:
         items: list = []

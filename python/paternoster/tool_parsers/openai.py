@@ -38,6 +38,7 @@ class OpenAIToolParser(ToolParser):
     """gpt-oss: ``<|channel|>commentary to=functions.NAME ...<|message|>{...}<|call|>``."""
 
     name = "openai"
+    skip_special_tokens = False
 
     def _scan(self, text: str, final: bool) -> list:
         items: list = []

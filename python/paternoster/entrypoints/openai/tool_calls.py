@@ -101,8 +101,7 @@ def plan_tools(body: ChatCompletionRequest, parser_cls: type[ToolParser] | None,
                 '--tool-call-parser NAME; or use tool_choice "required", a named function, '
                 'or "none"', "tool_choice")  # fmt: skip
         parser = parser_cls(**kwargs)
-        return ToolPlan(parser, None, "tool_calls",
-                        getattr(parser_cls, "skip_special_tokens", True))  # fmt: skip
+        return ToolPlan(parser, None, "tool_calls", parser_cls.skip_special_tokens)
     if has_constraint:
         raise bad_request("a required or named tool_choice cannot be combined with "
                           "response_format or structured_outputs", "tool_choice")  # fmt: skip
