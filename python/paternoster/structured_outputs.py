@@ -312,9 +312,10 @@ def _first_line(message: str) -> str:
 class GrammarCompiler:
     """Compiles specs against a model's vocabulary, once per distinct spec
     (kept for the process's life, and xgrammar's own cache beneath it), on
-    a background thread. The engine waits for a new request's compile on
-    admission, so a huge constraint (a 20000-string enum: about 5 s) delays
-    the other requests' steps while it compiles.
+    a background thread. The engine waits briefly for a new request's
+    compile on admission; one that takes longer (a 20000-string enum: about
+    5 s) waits aside while the other requests keep stepping
+    (``EngineCore._compiling``).
 
     Args:
         tokenizer: the model's Hugging Face tokenizer.

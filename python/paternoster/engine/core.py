@@ -8,6 +8,8 @@ import operator
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +27,11 @@ from paternoster.request import Request
 from paternoster.scheduling.output import SchedulerOutput
 from paternoster.scheduling.registry import load_scheduler_class
 from paternoster.structured_outputs import GrammarCompiler, GrammarState, gate_of
+
+#: Seconds ``add_request`` waits for a grammar to compile before parking the
+#: request until it has (xgrammar compiles a 50-property schema in ~8 ms; a
+#: 20000-string enum takes seconds, which must not stall the running requests).
+COMPILE_WAIT_S = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +182,10 @@ class EngineCore:
         self._iteration_tokens: list[int] = []
         # Structured outputs' grammar compiler (built on first use: it reads the tokenizer).
         self._grammar_compiler: GrammarCompiler | None = None
+        # Requests whose grammar is still compiling (longer than COMPILE_WAIT_S),
+        # in arrival order: they join the scheduler when it is done, so a slow
+        # compile never holds the other requests' steps.
+        self._compiling: dict[str, tuple[Request, Future, dict]] = {}
         # Default id: the directory's name, or a GGUF file's name without ".gguf"
         # (as llama-server names it).
         name = config.model.served_model_name or str(config.model.model).rstrip("/").split("/")[-1]
@@ -236,9 +247,15 @@ class EngineCore:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_model_len ({self.max_model_len})"
             )
-        grammar = None
+        compiled = None
         if params.structured_outputs is not None:
-            grammar = self._grammar_state(params.structured_outputs)
+            compiled = self._compile(params.structured_outputs)
+            # most grammars compile (or come from the cache) within the wait; a
+            # compile error is reported by _grammar_state below
+            futures_wait([compiled], timeout=COMPILE_WAIT_S)
+        grammar = None
+        if compiled is not None and compiled.done():
+            grammar = self._grammar_state(compiled, params.structured_outputs)
         req = Request(
             request_id=request.request_id,
             prompt_token_ids=list(ids),
@@ -250,19 +267,21 @@ class EngineCore:
             max_tokens=params.max_tokens if params.max_tokens is not None else room,
             grammar=grammar,
         )
-        self.scheduler.add_request(req)
+        if compiled is not None and grammar is None:
+            self._compiling[req.request_id] = (req, compiled, params.structured_outputs)
+        else:
+            self.scheduler.add_request(req)
         if params.prompt_logprobs is not None:
             self._wants_prompt_logprobs[req.request_id] = req
         if self.timeline is not None:
             self.timeline.on_arrival(req)
 
-    def _grammar_state(self, spec: dict) -> GrammarState:
-        """A new request's structured-output state: its grammar compiled (or
-        taken from the cache) against the model's vocabulary, on admission,
-        and its reasoning gate (the spec's ``reasoning``), if any.
+    def _compile(self, spec: dict) -> Future:
+        """Start compiling a request's grammar against the model's vocabulary
+        (or take it from the cache) on the compiler's thread.
 
         Raises:
-            ValueError: the constraint does not compile, or xgrammar is missing.
+            ValueError: xgrammar is missing.
         """
         if self._grammar_compiler is None:
             from paternoster.model.loader import load_tokenizer
@@ -271,7 +290,15 @@ class EngineCore:
             self._grammar_compiler = GrammarCompiler(
                 load_tokenizer(self.config.model.model),
                 self.runner.vocab_size, [] if eos is None else [eos])
-        compiled = self._grammar_compiler.compile_async(spec)
+        return self._grammar_compiler.compile_async(spec)
+
+    def _grammar_state(self, compiled: Future, spec: dict) -> GrammarState:
+        """A request's structured-output state from its compiled grammar, and
+        its reasoning gate (the spec's ``reasoning``), if any.
+
+        Raises:
+            ValueError: the constraint did not compile or admits no output.
+        """
         try:
             compiled.result()
         except ValueError:
@@ -289,7 +316,9 @@ class EngineCore:
         Returns:
             A final output (``finish_reason="abort"``) for each aborted request.
         """
-        aborted = self.scheduler.abort_requests(request_ids)
+        request_ids = list(request_ids)
+        parked = [self._compiling.pop(r)[0] for r in request_ids if r in self._compiling]
+        aborted = parked + self.scheduler.abort_requests(request_ids)
         for r in aborted:
             self._prompt_logprobs.pop(r.request_id, None)
             self._wants_prompt_logprobs.pop(r.request_id, None)
@@ -308,7 +337,33 @@ class EngineCore:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return bool(self._compiling) or self.scheduler.has_unfinished_requests()
+
+    def _admit_compiled(self) -> list[EngineCoreOutput]:
+        """Move the requests whose grammar finished compiling into the
+        scheduler; a grammar that failed finishes its request with an error."""
+        failed = []
+        for rid, (req, compiled, spec) in list(self._compiling.items()):
+            if not compiled.done():
+                continue
+            del self._compiling[rid]
+            try:
+                req.grammar = self._grammar_state(compiled, spec)
+            except ValueError as e:
+                self._wants_prompt_logprobs.pop(rid, None)
+                if self.timeline is not None:
+                    self.timeline.on_abort([req], self._clock())
+                failed.append(EngineCoreOutput(
+                    request_id=rid, new_token_ids=[], finish_reason="error", error=str(e),
+                    num_prompt_tokens=req.num_prompt_tokens))  # fmt: skip
+                continue
+            self.scheduler.add_request(req)
+        return failed
+
+    def _wait_for_compiles(self, timeout_s: float) -> None:
+        """Idle until a grammar finishes compiling (at most ``timeout_s``)."""
+        futures_wait([f for _, f, _ in self._compiling.values()], timeout=timeout_s,
+                     return_when=FIRST_COMPLETED)  # fmt: skip
 
     # ------------------------------------------------------------------- step
 
@@ -318,12 +373,15 @@ class EngineCore:
         Returns:
             Outputs for the requests that got a token (or finished) this step.
         """
+        failed = self._admit_compiled() if self._compiling else []
         t0 = self._clock()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             if self.timeline is not None and plan.preempted:
                 self.timeline.on_preempted(plan.preempted, self._num_steps, t0)
-            return []
+            if self._compiling and not failed and not self.scheduler.has_unfinished_requests():
+                self._wait_for_compiles(COMPILE_WAIT_S)
+            return failed
         self._note_first_scheduling(plan, t0)
         model_input = self._build_input(plan)
         t1 = self._clock()
@@ -336,7 +394,7 @@ class EngineCore:
         self._record(plan, t0, t3, (t1 - t0) + (t3 - t2))
         self._attach_queue_times(outputs)
         self._attach_logprobs(outputs, result)
-        return outputs
+        return failed + outputs
 
     def _attach_logprobs(self, outputs: list[EngineCoreOutput], result: ModelRunnerOutput) -> None:
         """Keep this step's prompt logprobs; put the token logprobs, and the

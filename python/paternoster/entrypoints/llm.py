@@ -86,7 +86,9 @@ class LLM:
         Raises:
             ValueError: mismatched lengths, an empty prompt, a token id outside
                 the vocabulary, or a prompt plus ``max_tokens`` longer than
-                ``max_model_len`` (an ``InvalidRequestError`` naming the field).
+                ``max_model_len`` (an ``InvalidRequestError`` naming the field),
+                or a structured-output constraint that does not compile (the
+                other prompts' requests are aborted).
         """
         token_prompts, texts = self._tokenize(prompts)
         return self._run(token_prompts, texts, sampling_params, use_tqdm, priority)
@@ -277,6 +279,8 @@ class LLM:
                     entry = states.get(out.request_id)
                     if entry is None or entry[1].finished:
                         continue
+                    if out.finish_reason == "error":  # e.g. a grammar that failed to compile
+                        raise ValueError(out.error or "the engine rejected the request")
                     p, state = entry
                     state.process(out)
                     if state.needs_abort:
