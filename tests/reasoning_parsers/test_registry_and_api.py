@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from paternoster import plugins as plugins_module
 from paternoster import reasoning_parsers
 from paternoster.reasoning_parsers import (
     BUILTIN_REASONING_PARSERS,
@@ -17,7 +18,6 @@ from paternoster.reasoning_parsers import (
     available_reasoning_parsers,
     get_reasoning_parser,
 )
-from paternoster.reasoning_parsers import registry as registry_module
 
 from .recordings import RECORDINGS
 
@@ -74,7 +74,7 @@ class ThirdPartyParser(ReasoningParser):
 
 def test_third_party_entry_point(monkeypatch):
     eps = [_EntryPoint("thirdparty", ThirdPartyParser), _EntryPoint("broken", object)]
-    monkeypatch.setattr(registry_module, "entry_points", lambda group: eps)
+    monkeypatch.setattr(plugins_module, "entry_points", lambda group: eps)
     assert "thirdparty" in available_reasoning_parsers()
     got = get_reasoning_parser("thirdparty")().extract("hmm ANSWER: 4")
     assert (got.reasoning, got.content) == ("hmm ", " 4")
@@ -158,7 +158,7 @@ def test_the_end_token_ids_appear_in_a_tokenized_generation(tag_tokenizer):
 def test_every_public_name_has_a_docstring():
     modules = [
         reasoning_parsers,
-        registry_module,
+        plugins_module,
         *(sys.modules[get_reasoning_parser(n).__module__] for n in BUILTIN_REASONING_PARSERS),
         sys.modules[ReasoningParser.__module__],
     ]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from paternoster import plugins as plugins_module
 from paternoster.tool_parsers import (
     BUILTIN_TOOL_PARSERS,
     ToolParser,
@@ -17,7 +18,6 @@ from paternoster.tool_parsers import (
     get_tool_parser,
     make_tool_call_id,
 )
-from paternoster.tool_parsers import registry as registry_module
 from paternoster.tool_parsers.base import _Call
 
 from .recordings import WELL_FORMED
@@ -73,7 +73,7 @@ class ThirdPartyParser(ToolParser):
 
 def test_third_party_entry_point(monkeypatch):
     eps = [_EntryPoint("thirdparty", ThirdPartyParser), _EntryPoint("broken", object)]
-    monkeypatch.setattr(registry_module, "entry_points", lambda group: eps)
+    monkeypatch.setattr(plugins_module, "entry_points", lambda group: eps)
     assert "thirdparty" in available_tool_parsers()
     cls = get_tool_parser("thirdparty")
     got = cls().extract("hi CALL:")

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from paternoster.entrypoints.engine_args import (
@@ -172,6 +173,20 @@ def _add_hardening_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _plugin(get: Callable[[str], type], name: str | None, flag: str) -> type | None:
+    """The plugin class a flag names (``None`` when the flag is unset).
+
+    Raises:
+        ValueError: an unknown name, the message starting with the flag.
+    """
+    if name is None:
+        return None
+    try:
+        return get(name)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+
+
 async def serve(args: argparse.Namespace) -> int:
     """Run the server until interrupted.
 
@@ -203,27 +218,19 @@ async def serve(args: argparse.Namespace) -> int:
         except ValueError as e:
             logger.error("%s", e)
             return 1
-    tool_parser = None
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         logger.error("--enable-auto-tool-choice needs --tool-call-parser NAME")
         return 1
-    if args.tool_call_parser is not None:
-        from paternoster.tool_parsers import get_tool_parser
+    from paternoster.reasoning_parsers import get_reasoning_parser
+    from paternoster.tool_parsers import get_tool_parser
 
-        try:
-            tool_parser = get_tool_parser(args.tool_call_parser)
-        except ValueError as e:
-            logger.error("--tool-call-parser: %s", e)
-            return 1
-    reasoning_parser = None
-    if args.reasoning_parser is not None:
-        from paternoster.reasoning_parsers import get_reasoning_parser
-
-        try:
-            reasoning_parser = get_reasoning_parser(args.reasoning_parser)
-        except ValueError as e:
-            logger.error("--reasoning-parser: %s", e)
-            return 1
+    try:
+        tool_parser = _plugin(get_tool_parser, args.tool_call_parser, "--tool-call-parser")
+        reasoning_parser = _plugin(get_reasoning_parser, args.reasoning_parser,
+                                   "--reasoning-parser")  # fmt: skip
+    except ValueError as e:
+        logger.error("%s", e)
+        return 1
     try:
         check_http_port(args.host, args.port)
         if args.zmq_address not in ("none", "off"):

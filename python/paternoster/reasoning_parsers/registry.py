@@ -9,9 +9,7 @@ finds them.
 
 from __future__ import annotations
 
-from importlib import import_module
-from importlib.metadata import entry_points
-
+from paternoster.plugins import available_plugins, load_plugin
 from paternoster.reasoning_parsers.base import ReasoningParser
 
 ENTRY_POINT_GROUP = "paternoster.reasoning_parsers"
@@ -25,8 +23,7 @@ BUILTIN_REASONING_PARSERS: dict[str, str] = {
 
 def available_reasoning_parsers() -> list[str]:
     """Names of the built-in and installed reasoning parsers, sorted."""
-    names = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    return sorted(names | set(BUILTIN_REASONING_PARSERS))
+    return available_plugins(ENTRY_POINT_GROUP, BUILTIN_REASONING_PARSERS)
 
 
 def get_reasoning_parser(name: str) -> type[ReasoningParser]:
@@ -39,19 +36,5 @@ def get_reasoning_parser(name: str) -> type[ReasoningParser]:
             argument and lists the built-in and installed parsers), or the entry
             point is not a ReasoningParser subclass.
     """
-    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if matches:
-        cls, where = matches[0].load(), matches[0].value
-    elif name in BUILTIN_REASONING_PARSERS:
-        where = BUILTIN_REASONING_PARSERS[name]
-        module, _, attr = where.partition(":")
-        cls = getattr(import_module(module), attr)
-    else:
-        raise ValueError(
-            f"reasoning parser name {name!r} is unknown; built-in: "
-            f"{', '.join(sorted(BUILTIN_REASONING_PARSERS))}; installed: "
-            f"{', '.join(available_reasoning_parsers())}"
-        )
-    if not (isinstance(cls, type) and issubclass(cls, ReasoningParser)):
-        raise ValueError(f"reasoning parser {name!r} ({where}) is not a ReasoningParser subclass")
-    return cls
+    return load_plugin(ENTRY_POINT_GROUP, BUILTIN_REASONING_PARSERS, name, ReasoningParser,
+                       "reasoning parser")  # fmt: skip

@@ -9,9 +9,7 @@ finds them.
 
 from __future__ import annotations
 
-from importlib import import_module
-from importlib.metadata import entry_points
-
+from paternoster.plugins import available_plugins, load_plugin
 from paternoster.tool_parsers.base import ToolParser
 
 ENTRY_POINT_GROUP = "paternoster.tool_parsers"
@@ -28,8 +26,7 @@ BUILTIN_TOOL_PARSERS: dict[str, str] = {
 
 def available_tool_parsers() -> list[str]:
     """Names of the built-in and installed tool parsers, sorted."""
-    names = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    return sorted(names | set(BUILTIN_TOOL_PARSERS))
+    return available_plugins(ENTRY_POINT_GROUP, BUILTIN_TOOL_PARSERS)
 
 
 def get_tool_parser(name: str) -> type[ToolParser]:
@@ -42,18 +39,4 @@ def get_tool_parser(name: str) -> type[ToolParser]:
             argument and lists the built-in and installed parsers), or the entry
             point is not a ToolParser subclass.
     """
-    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if matches:
-        cls, where = matches[0].load(), matches[0].value
-    elif name in BUILTIN_TOOL_PARSERS:
-        where = BUILTIN_TOOL_PARSERS[name]
-        module, _, attr = where.partition(":")
-        cls = getattr(import_module(module), attr)
-    else:
-        raise ValueError(
-            f"tool parser name {name!r} is unknown; built-in: "
-            f"{', '.join(sorted(BUILTIN_TOOL_PARSERS))}; installed: "
-            f"{', '.join(available_tool_parsers())}")
-    if not (isinstance(cls, type) and issubclass(cls, ToolParser)):
-        raise ValueError(f"tool parser {name!r} ({where}) is not a ToolParser subclass")
-    return cls
+    return load_plugin(ENTRY_POINT_GROUP, BUILTIN_TOOL_PARSERS, name, ToolParser, "tool parser")
