@@ -117,7 +117,8 @@ def _model_dir(default_model_path, tmp_path_factory, with_template: bool):
 @pytest.fixture(scope="module")
 def bare_server(default_model_path, tmp_path_factory):
     d = _model_dir(default_model_path, tmp_path_factory, with_template=False)
-    with start_server(str(d), "--engine-cls", FAKE_ENGINE, "--num-kv-blocks", "64") as srv:
+    with start_server(str(d), "--engine-cls", FAKE_ENGINE, "--num-kv-blocks", "64",
+                      "--trust-request-chat-template") as srv:  # fmt: skip
         yield srv
 
 
@@ -158,5 +159,13 @@ def test_chat_template_flag_supplies_a_template(default_model_path, tmp_path_fac
         want = tokenizer.apply_chat_template(CHAT["messages"], tokenize=False,
                                              add_generation_prompt=True)  # fmt: skip
         assert r.json()["tokens"] == tokenizer(want, add_special_tokens=False).input_ids
+        # without --trust-request-chat-template a request's template is refused
+        for path in ("/v1/chat/completions", "/tokenize"):
+            refused = httpx.post(srv.url + path, json={**CHAT, "chat_template": "{{ 1 }}"},
+                                 timeout=30)  # fmt: skip
+            assert refused.status_code == 400, refused.text
+            err = refused.json()["error"]
+            assert err["param"] == "chat_template"
+            assert "--trust-request-chat-template" in err["message"]
         chat = httpx.post(srv.url + "/v1/chat/completions", json=CHAT, timeout=30).json()
         assert chat["usage"]["prompt_tokens"] == r.json()["count"]

@@ -34,7 +34,8 @@ def _regex(text: str) -> str:
 def client(default_model_path):
     with start_server(str(default_model_path), "--num-kv-blocks", "512", "--max-model-len",
                       "2048", "--reasoning-parser", "qwen3",
-                      "--tool-call-parser", "hermes") as srv:  # fmt: skip
+                      "--tool-call-parser", "hermes",
+                      "--trust-request-chat-template") as srv:  # fmt: skip
         c = OpenAI(base_url=srv.url + "/v1", api_key="none")
         yield c, c.models.list().data[0].id
 

@@ -74,7 +74,8 @@ TEMPLATE = """{%- if tools %}<|im_start|>system
 @pytest.fixture(scope="module")
 def server(default_model_path):
     with start_server(str(default_model_path), "--num-kv-blocks", "512", "--max-model-len",
-                      "2048", "--tool-call-parser", "hermes") as srv:  # fmt: skip
+                      "2048", "--tool-call-parser", "hermes",
+                      "--trust-request-chat-template") as srv:  # fmt: skip
         yield srv
 
 
@@ -187,6 +188,55 @@ def test_auto_reads_hermes_calls_out_of_the_text(client, model):
     assert list(streamed.values())[0][1:] == ["get_time", '{"zone":"utc"}']
 
 
+def test_a_streamed_call_cut_short_does_not_finish_as_tool_calls(client, model):
+    """A stop string cutting a forced call, or a malformed Hermes call: the
+    stream may already have sent the call's name (arguments stream as they
+    come), but it finishes as the non-streamed answer does: "stop", the text
+    as content, no "tool_calls" finish reason."""
+    bad = ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "ut\n</tool_call>')
+    cases = [
+        dict(tool_choice="required", stop=["zone", "city"]),
+        dict(extra_body={"structured_outputs": {"regex": re_escape(bad)}}),
+    ]
+    for extra in cases:
+        kw = dict(model=model, messages=MESSAGES, tools=TOOLS, max_tokens=200, temperature=0,
+                  **extra)  # fmt: skip
+        r = client.chat.completions.create(**kw)
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop" and not choice.message.tool_calls, extra
+        content, _, finish = _stream(client, **kw)
+        assert finish == "stop" and content == choice.message.content, extra
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_in_auto(client, model):
+    two = HERMES_CALL + '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", ' \
+        '"unit": "c"}}\n</tool_call>'
+    kw = dict(model=model, messages=MESSAGES, tools=TOOLS, max_tokens=200, temperature=0,
+              extra_body={"structured_outputs": {"regex": re_escape(two)}})  # fmt: skip
+    both = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    assert [c.function.name for c in both] == ["get_time", "get_weather"]
+    one = client.chat.completions.create(parallel_tool_calls=False, **kw).choices[0]
+    assert [c.function.name for c in one.message.tool_calls] == ["get_time"]
+    _, streamed, finish = _stream(client, parallel_tool_calls=False, **kw)
+    assert finish == "tool_calls" and [v[1] for v in streamed.values()] == ["get_time"]
+
+
+def test_a_function_without_parameters_takes_an_empty_object(client, model):
+    for params in ({}, None):
+        fn = {"name": "ping"} if params is None else {"name": "ping", "parameters": params}
+        r = client.chat.completions.create(
+            model=model, messages=MESSAGES, tools=[{"type": "function", "function": fn}],
+            tool_choice={"type": "function", "function": {"name": "ping"}}, max_tokens=30,
+            temperature=0)  # fmt: skip
+        [call] = r.choices[0].message.tool_calls
+        assert call.function.arguments == "{}"
+
+
+def re_escape(text: str) -> str:
+    """``text`` as a regex matching exactly it (xgrammar's regex syntax)."""
+    return "".join("\\" + ch if ch in "{}.[]()+*?|\\^$" else ch for ch in text)
+
+
 def test_tool_choice_none_and_plain_answers_are_content(client, model):
     r = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS,
                                        tool_choice="none", max_tokens=8, temperature=0)
@@ -228,6 +278,9 @@ def test_tools_history_and_template_kwargs_reach_the_template(server, model):
         "type": "object", "properties": {"a": {"not": {}}}}}}], "tool_choice": "required"},
      "tools", "'not'"),
     ({"tools": [{"type": "web_search"}]}, "tools", ""),
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools", "empty"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "string"}}}]}, "tools", "must describe an object"),
     ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs", "'tokenize'"),
     ({"messages": MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "a", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]},
@@ -261,6 +314,7 @@ def test_auto_without_a_parser_is_400_and_none_still_answers(default_model_path)
 @pytest.mark.parametrize("args, words", [
     (["--tool-call-parser", "nope"], "'nope'"),
     (["--enable-auto-tool-choice"], "needs --tool-call-parser"),
+    (["--reasoning-parser", "gpt_oss"], "not gpt-oss"),
 ])  # fmt: skip
 def test_bad_tool_flags_exit_with_one_clear_line(default_model_path, args, words):
     proc = subprocess.run(

@@ -70,6 +70,11 @@ def make_parser() -> argparse.ArgumentParser:
         help="Jinja chat template file replacing the model's own (or supplying a missing one)",
     )  # fmt: skip
     g.add_argument(
+        "--trust-request-chat-template", action="store_true",
+        help="accept a chat_template in requests (it is Jinja code the server runs; off by "
+        "default, as in vLLM)",
+    )  # fmt: skip
+    g.add_argument(
         "--tool-call-parser", default=None, metavar="NAME",
         help="read tool calls out of chat output in this model family's format, for "
         "tool_choice auto (built-in: hermes (Qwen2.5/Qwen3/Hermes), qwen3_coder, llama3_json, "
@@ -263,6 +268,11 @@ async def serve(args: argparse.Namespace) -> int:
     starting = asyncio.create_task(client.start())
     try:
         tokenizer = await asyncio.to_thread(_load_tokenizer, model_dir)
+        if reasoning_parser is not None:  # one that cannot read this model refuses here
+            try:
+                reasoning_parser(tokenizer)
+            except ValueError as e:
+                raise ValueError(f"--reasoning-parser {args.reasoning_parser}: {e}") from None
         # Loading the tokenizer imports torch: keep its pools here at 1 thread,
         # the cores are the engine process's.
         limit_frontend_torch_threads()
@@ -282,7 +292,8 @@ async def serve(args: argparse.Namespace) -> int:
     try:
         name = args.served_model_name or info["model"]
         app = build_app(client, tokenizer, name, chat_template=chat_template, limits=limits,
-                        tool_parser=tool_parser, reasoning_parser=reasoning_parser)  # fmt: skip
+                        tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+                        trust_request_chat_template=args.trust_request_chat_template)  # fmt: skip
         logger.info(
             "model %s from %s: max_model_len=%d, %d KV blocks of %d tokens",
             name, info.get("model_dir"), app.state.serving.max_model_len,

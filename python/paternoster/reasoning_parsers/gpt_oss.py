@@ -28,6 +28,8 @@ Why not the ``openai-harmony`` package: see :mod:`paternoster.tool_parsers._harm
 
 from __future__ import annotations
 
+from typing import Any
+
 from paternoster.reasoning_parsers.base import ReasoningParser, Split
 from paternoster.tool_parsers import _harmony
 
@@ -47,6 +49,19 @@ class GptOssReasoningParser(ReasoningParser):
     name = "gpt_oss"
     skip_special_tokens = False
     end_text = _harmony.CHANNEL + "final" + _harmony.MESSAGE
+
+    def __init__(self, tokenizer: Any | None = None):
+        """Raises:
+        ValueError: the tokenizer does not hold the harmony tags as single
+            tokens: the model does not write harmony (a structured output
+            would wait forever for the final channel; nothing would parse)."""
+        super().__init__(tokenizer)
+        if tokenizer is not None:
+            for tag in (_harmony.CHANNEL, _harmony.MESSAGE):
+                if len(tokenizer.encode(tag, add_special_tokens=False)) != 1:
+                    raise ValueError(
+                        f"the gpt_oss reasoning parser reads OpenAI's harmony format, but {tag!r} "
+                        "is not one token of this model's tokenizer: the model is not gpt-oss")
 
     def gate_starts_in_reasoning(self, prompt_text: str) -> bool:
         """Always: every gpt-oss answer opens with a channel header, and only the

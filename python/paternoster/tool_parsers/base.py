@@ -270,6 +270,12 @@ class ToolParser(ABC):
         except Exception:  # a parser bug must not fail the request: keep the text
             return _normalize([text], final) if final else []
 
+    def scan_calls(self, text: str) -> list[tuple[str, str]]:
+        """The complete calls of a finished generation as ``(name, arguments)``
+        (what :meth:`extract` would return, without making ids)."""
+        return [(it.name, it.arguments) for it in self.scan(text, True)
+                if isinstance(it, _Call) and it.name is not None]  # fmt: skip
+
     def extract(self, text: str) -> ExtractedToolCalls:
         """Parse a complete generation.
 

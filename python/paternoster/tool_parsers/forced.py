@@ -26,7 +26,8 @@ def required_calls_schema(tools: dict[str, dict[str, Any]], parallel: bool) -> d
     """The JSON schema of ``tool_choice: "required"``'s output.
 
     Args:
-        tools: function name -> its ``parameters`` JSON schema (``{}`` for any object).
+        tools: function name -> its ``parameters`` JSON schema (``{}``: no
+            parameters, the empty object, as OpenAI reads an omitted ``parameters``).
         parallel: allow more than one call (``parallel_tool_calls``).
     Returns:
         An array schema of ``{"name", "parameters"}`` objects, one ``anyOf``
@@ -38,7 +39,8 @@ def required_calls_schema(tools: dict[str, dict[str, Any]], parallel: bool) -> d
     defs: dict[str, Any] = {}
     branches = []
     for k, (name, params) in enumerate(tools.items()):
-        params = dict(params or {"type": "object"})
+        params = dict(params or {"type": "object", "properties": {},
+                                 "additionalProperties": False})  # fmt: skip
         renames: dict[str, str] = {}
         for key in ("$defs", "definitions"):
             for def_name, sub in (params.pop(key, None) or {}).items():

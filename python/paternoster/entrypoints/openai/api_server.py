@@ -231,6 +231,7 @@ def build_app(
     limits: ServerLimits | None = None,
     tool_parser: type | None = None,
     reasoning_parser: type | None = None,
+    trust_request_chat_template: bool = False,
 ) -> FastAPI:
     """Create the FastAPI app over a started engine client.
 
@@ -246,6 +247,7 @@ def build_app(
             :class:`~paternoster.tool_parsers.ToolParser`), or ``None``.
         reasoning_parser: the ``--reasoning-parser`` class (a
             :class:`~paternoster.reasoning_parsers.ReasoningParser`), or ``None``.
+        trust_request_chat_template: accept a request's own ``chat_template``.
     Returns:
         The app (serve it with uvicorn); ``app.state.metrics`` is its
         :class:`ServerMetrics` (a registry of its own).
@@ -258,7 +260,7 @@ def build_app(
     limits = limits or ServerLimits()
     frontend = Frontend(client, tokenizer, served_model_name, metrics.requests, chat_template,
                         limits.max_n, limits.max_stop)  # fmt: skip
-    serving = OpenAIServing(frontend, tool_parser, reasoning_parser)
+    serving = OpenAIServing(frontend, tool_parser, reasoning_parser, trust_request_chat_template)
     app.state.frontend = frontend
     app.state.serving = serving
     app.state.metrics = metrics

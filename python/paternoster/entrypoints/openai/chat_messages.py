@@ -17,18 +17,29 @@ from paternoster.entrypoints.openai.protocol import ChatMessage, ChatTool
 from paternoster.frontend.processor import ChatInput
 
 
-def chat_input(body: Any, messages: list[ChatMessage]) -> ChatInput:
+def chat_input(body: Any, messages: list[ChatMessage],
+               trust_request_template: bool = False) -> ChatInput:  # fmt: skip
     """Chat messages in the template's form, with the body's template settings
     (``chat_template``, ``add_generation_prompt``, ``continue_final_message``,
     ``add_special_tokens``, ``tools``, ``chat_template_kwargs``, and
     ``reasoning_effort`` as the template variable of that name unless
     ``chat_template_kwargs`` sets it).
 
+    A request's own ``chat_template`` is Jinja code the server would run (a
+    few nested loops hold the tokenizer thread for minutes): it is refused
+    unless the server trusts its clients (``--trust-request-chat-template``,
+    vLLM's flag and default).
+
     Raises:
         APIError: 400 for a content part that is not text or has no text, an
             empty list of parts, tool-call arguments that are not a JSON
-            object, or two tools of the same name.
+            object, two tools of the same name, or a ``chat_template`` the
+            server does not trust.
     """
+    if body.chat_template is not None and not trust_request_template:
+        raise bad_request("chat_template in a request is refused: the server runs it as code; "
+                          "start the server with --trust-request-chat-template to allow it, or "
+                          "with --chat-template FILE", "chat_template")  # fmt: skip
     converted = [_message(i, m) for i, m in enumerate(messages)]
     kwargs = body.chat_template_kwargs
     effort = getattr(body, "reasoning_effort", None)
@@ -45,10 +56,19 @@ def tools_for_template(tools: list[ChatTool] | None) -> list[dict[str, Any]] | N
     """``tools`` as plain OpenAI dicts (unset fields left out).
 
     Raises:
-        APIError: 400 naming ``tools`` for two functions of the same name.
+        APIError: 400 naming ``tools`` for two functions of the same name, an
+            empty name, or ``parameters`` that do not describe an object.
     """
     if tools is None:
         return None
+    for i, t in enumerate(tools):
+        where = f"tools[{i}].function"
+        if not t.function.name:
+            raise bad_request(f"{where}.name must not be empty", "tools")
+        kind = (t.function.parameters or {}).get("type", "object")
+        if kind != "object":
+            raise bad_request(f"{where}.parameters must describe an object (the arguments), "
+                              f"got type {kind!r}", "tools")  # fmt: skip
     names = [t.function.name for t in tools]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:

@@ -76,11 +76,15 @@ class OpenAIServing(ChatServing):
             of chat output (``tool_choice: "auto"``), or ``None``.
         reasoning_parser: the ``--reasoning-parser`` class splitting chat
             output into reasoning and answer, or ``None``.
+        trust_request_chat_template: accept a request's own ``chat_template``
+            (``--trust-request-chat-template``).
     """
 
     def __init__(self, frontend: Frontend, tool_parser: type[ToolParser] | None = None,
-                 reasoning_parser: type[ReasoningParser] | None = None):  # fmt: skip
+                 reasoning_parser: type[ReasoningParser] | None = None,
+                 trust_request_chat_template: bool = False):  # fmt: skip
         self.frontend = frontend
+        self.trust_request_chat_template = trust_request_chat_template
         self.tool_parser = tool_parser
         self.reasoning_parser = (
             reasoning_parser(frontend.tokenizer) if reasoning_parser is not None else None
@@ -163,7 +167,8 @@ class OpenAIServing(ChatServing):
         processor = self.frontend.processor
         try:
             if isinstance(body, TokenizeChatRequest):
-                _, ids = processor.chat(chat_input(body, body.messages))
+                chat = chat_input(body, body.messages, self.trust_request_chat_template)
+                _, ids = processor.chat(chat)
             else:
                 check_text(body.prompt, "prompt")
                 ids = list(self.tokenizer(
@@ -222,7 +227,10 @@ class OpenAIServing(ChatServing):
             sub: Submitted = await self.frontend.submit(prompts, sampling, options)
         except InvalidRequestError as e:
             param = max_tokens_param if e.param == "max_tokens" else e.param
-            raise bad_request(e.message, param) from e
+            message = e.message
+            if param == "tools":  # the constraint was built from the functions' parameters
+                message = message.replace("structured_outputs.json", "a function's parameters")
+            raise bad_request(message, param) from e
         except EngineDeadError as e:
             raise APIError(503, f"engine is not running: {e}") from e
         opts = body.stream_options

@@ -55,6 +55,7 @@ class ChatServing:
     texts: Any
     tool_parser: Any
     reasoning_parser: Any
+    trust_request_chat_template: bool
 
     async def create_chat_completion(self, body: ChatCompletionRequest, raw: Request):
         """Handle POST /v1/chat/completions (the chat template, by default with
@@ -88,8 +89,9 @@ class ChatServing:
         if (plan is not None and not plan.skip_special_tokens) or (
                 parser is not None and not parser.skip_special_tokens):  # fmt: skip
             sampling["skip_special_tokens"] = False  # the format's tags are special tokens
+        chat = chat_input(body, body.messages, self.trust_request_chat_template)
         setup = await self._submit(
-            body, chat_input(body, body.messages), sampling, "chatcmpl", prompt_param="messages",
+            body, chat, sampling, "chatcmpl", prompt_param="messages",
             max_tokens_param="max_completion_tokens"
             if body.max_completion_tokens is not None else "max_tokens",
         )  # fmt: skip

@@ -33,6 +33,11 @@ from paternoster.tool_parsers.forced import (
     required_calls_schema,
 )
 
+#: The arguments of a function without ``parameters`` (or with ``{}``): OpenAI
+#: reads an omitted ``parameters`` as an empty parameter list.
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {},
+                                 "additionalProperties": False}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ToolPlan:
@@ -46,12 +51,16 @@ class ToolPlan:
             making calls.
         skip_special_tokens: ``False`` when the format's tags are special
             tokens that detokenization would otherwise drop.
+        parallel: ``parallel_tool_calls``; ``False`` keeps only the first call
+            (enforced by the grammar for forced choices, by dropping the others
+            for ``auto``, as vLLM does).
     """
 
     parser: ToolParser
     constraint: dict[str, Any] | None
     calls_finish_reason: str
     skip_special_tokens: bool = True
+    parallel: bool = True
 
     def streaming(self) -> StreamingToolParser:
         """A fresh incremental parser for one choice."""
@@ -64,7 +73,8 @@ class ToolPlan:
     def message(self, text: str) -> tuple[str | None, list[ToolCallOut]]:
         """A finished choice's ``content`` and ``tool_calls``."""
         found = self.parser.extract(text)
-        return found.content, [ToolCallOut.model_validate(c.to_openai()) for c in found.calls]
+        calls = found.calls if self.parallel else found.calls[:1]
+        return found.content, [ToolCallOut.model_validate(c.to_openai()) for c in calls]
 
 
 def plan_tools(body: ChatCompletionRequest, parser_cls: type[ToolParser] | None,
@@ -92,7 +102,7 @@ def plan_tools(body: ChatCompletionRequest, parser_cls: type[ToolParser] | None,
         return None
     if choice == "none":
         return None
-    schemas = {t.function.name: t.function.parameters or {} for t in tools}
+    schemas = {t.function.name: t.function.parameters or NO_PARAMETERS for t in tools}
     kwargs = {"tools": [t.model_dump(exclude_none=True) for t in tools]}
     if choice is None or choice == "auto":
         if parser_cls is None:
@@ -101,7 +111,8 @@ def plan_tools(body: ChatCompletionRequest, parser_cls: type[ToolParser] | None,
                 '--tool-call-parser NAME; or use tool_choice "required", a named function, '
                 'or "none"', "tool_choice")  # fmt: skip
         parser = parser_cls(**kwargs)
-        return ToolPlan(parser, None, "tool_calls", parser_cls.skip_special_tokens)
+        return ToolPlan(parser, None, "tool_calls", parser_cls.skip_special_tokens,
+                        body.parallel_tool_calls)  # fmt: skip
     if has_constraint:
         raise bad_request("a required or named tool_choice cannot be combined with "
                           "response_format or structured_outputs", "tool_choice")  # fmt: skip
@@ -112,7 +123,7 @@ def plan_tools(body: ChatCompletionRequest, parser_cls: type[ToolParser] | None,
     if name not in schemas:
         raise bad_request(f"tool_choice names function {name!r}, which is not among tools",
                           "tool_choice")  # fmt: skip
-    schema = schemas[name] or {"type": "object"}
+    schema = schemas[name]
     return ToolPlan(NamedToolParser(name, **kwargs), _constraint(schema), "stop")
 
 
@@ -143,11 +154,20 @@ class ChoiceToolCalls:
         self.called = False
 
     def feed(self, text: str, final: bool) -> StreamDelta:
-        """What to send for ``text`` (and, when ``final``, everything held back)."""
+        """What to send for ``text`` (and, when ``final``, everything held back).
+
+        Arguments stream as they are generated, so a call whose name was sent
+        and which the generation then leaves unfinished (``max_tokens``, a stop
+        string) or malformed cannot be taken back: its text then also arrives
+        as content, as in the non-streamed message, and :attr:`called` (the
+        ``tool_calls`` finish reason) counts only the calls that completed.
+        """
         out = self._parser.feed(text)
         if final:
             tail = self._parser.finish()
             out = StreamDelta((out.content or "") + (tail.content or "") or None,
                               [*out.tool_calls, *tail.tool_calls])  # fmt: skip
-        self.called = self.called or bool(out.tool_calls)
+            self.called = bool(self.plan.parser.scan_calls(self._parser.text))
+        if not self.plan.parallel:
+            out = StreamDelta(out.content, [c for c in out.tool_calls if c.index == 0])
         return out
