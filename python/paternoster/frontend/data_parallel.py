@@ -56,7 +56,7 @@ class DataParallelClient:
             raise ValueError("DataParallelClient needs at least one engine client")
         if len({id(c.admission) for c in clients}) != 1:
             raise ValueError("data-parallel engine clients must share one Admission")
-        router = router or Router(len(clients))
+        router = router if router is not None else Router(len(clients))
         if router.num_engines != len(clients):
             raise ValueError(f"router is for {router.num_engines} engines, "
                              f"got {len(clients)} clients")  # fmt: skip
