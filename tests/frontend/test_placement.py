@@ -75,7 +75,7 @@ def test_more_engines_than_cores_is_an_error():
 def test_env_thread_count_pins_when_it_fits_and_runs_unpinned_otherwise():
     env = {NUM_THREADS_ENV: "1"}
     fits = data_parallel_threads(0, 2, environ=env, topology=CpuTopology.uniform(1, 2))
-    assert [c.cpus for c in fits] == [(0,), (1,)]
+    assert [(c.cpus, c.source) for c in fits] == [((0,), "env"), ((1,), "env")]
     over = data_parallel_threads(0, 4, environ=env, topology=CpuTopology.uniform(1, 2))
     assert [(c.num_threads, c.cpus) for c in over] == [(1, None)] * 4
 

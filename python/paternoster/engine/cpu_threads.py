@@ -41,6 +41,7 @@ a few larger machines.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -315,7 +316,8 @@ def data_parallel_threads(requested: int, num_engines: int, *,
             n = env_choice.num_threads
             if n * num_engines > len(topology.physical_cores()):
                 return [env_choice] * num_engines
-            requested = n
+            return [dataclasses.replace(c, source="env")
+                    for c in split_cores(topology, num_engines, n)]  # fmt: skip
     return split_cores(topology, num_engines, requested)
 
 
