@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,7 @@
 
 #include "paternoster/attention.h"
 #include "paternoster/batch_builder.h"
+#include "paternoster/block_hash.h"
 #include "paternoster/block_pool.h"
 #include "paternoster/decoder.h"
 #include "paternoster/fused_ops.h"
@@ -326,6 +328,30 @@ PYBIND11_MODULE(_core, m) {
       .def("build", &build_batch, py::arg("req_ids"), py::arg("num_computed_tokens"),
            py::arg("num_scheduled_tokens"));
 
+  m.def(
+      "prefix_block_hashes",
+      [](const py::handle& tokens, int64_t block_size, const std::optional<std::string>& cache_salt,
+         int64_t max_blocks) {
+        if (block_size < 1) {
+          throw std::invalid_argument("block_size must be >= 1, got " + std::to_string(block_size));
+        }
+        if (max_blocks < 0) {
+          throw std::invalid_argument("max_blocks must be >= 0, got " + std::to_string(max_blocks));
+        }
+        auto a = as_1d<int64_t>(tokens, "token_ids");
+        const int64_t n = std::min(a.shape(0) / block_size, max_blocks);
+        std::vector<BlockHash> out(static_cast<size_t>(n));
+        BlockHash parent = root_block_hash(cache_salt.value_or(""));
+        for (int64_t i = 0; i < n; ++i) {
+          parent = hash_block_tokens(parent, a.data() + i * block_size, block_size);
+          out[static_cast<size_t>(i)] = parent;
+        }
+        return out;
+      },
+      py::arg("token_ids"), py::arg("block_size"), py::arg("cache_salt") = py::none(),
+      py::arg("max_blocks") = std::numeric_limits<int64_t>::max(),
+      "Prefix-cache hashes of the leading full blocks of token_ids, as KVCacheManager "
+      "computes them (full-attention group).");
   m.def("set_num_threads", &set_num_threads, py::arg("n"),
         "Threads used by the CPU attention kernels and fused ops (>= 1; default 1).");
   m.def("get_num_threads", &get_num_threads);

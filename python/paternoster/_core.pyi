@@ -15,6 +15,7 @@ classes is thread safe; use each from one thread.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import TypeAlias
 
 import numpy as np
@@ -333,6 +334,19 @@ class BatchBuilder:
                 fewer KV slots allocated than ``seq_lens[b]``, or arrays of
                 different lengths.
         """
+
+def prefix_block_hashes(
+    token_ids: Sequence[int] | np.ndarray,
+    block_size: int,
+    cache_salt: str | None = None,
+    max_blocks: int = ...,
+) -> list[int]:
+    """The prefix-cache hashes of the leading full blocks of ``token_ids``
+    (at most ``max_blocks``), exactly as :class:`KVCacheManager` computes them
+    for its full-attention group: chained from a root hash of ``cache_salt``
+    (``None`` and ``""`` are the same: no salt). A partial last block has no
+    hash. The data-parallel router uses them to send a prompt where its prefix
+    is cached. Raises ValueError if ``block_size < 1`` or ``max_blocks < 0``."""
 
 def set_num_threads(n: int) -> None:
     """Threads (including the caller) the CPU attention kernels and fused ops use;

@@ -163,6 +163,10 @@ class EngineConfig:
     auto, resolved by the engine where it runs (the physical cores available,
     one left to the frontend on machines with >= 8: see
     :mod:`paternoster.engine.cpu_threads`).
+
+    ``cpus``: CPUs the engine process pins itself to (``None``: the engine
+    decides). Set by the frontend for data-parallel engines, each on cores of
+    its own, together with their ``num_threads``.
     """
 
     model: ModelConfig
@@ -171,6 +175,11 @@ class EngineConfig:
     timeline: TimelineConfig = field(default_factory=TimelineConfig)
     num_threads: int = 0
     seed: int = 0
+    cpus: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpus is not None and (not self.cpus or min(self.cpus) < 0):
+            raise ValueError(f"cpus must be a non-empty list of CPU numbers, got {self.cpus}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -184,4 +193,5 @@ class EngineConfig:
             timeline=TimelineConfig(**d.get("timeline", {})),
             num_threads=int(d.get("num_threads", 0)),
             seed=int(d.get("seed", 0)),
+            cpus=None if d.get("cpus") is None else tuple(int(c) for c in d["cpus"]),
         )

@@ -130,3 +130,8 @@ def test_bad_words_hold_offline(llm):
     banned = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0,
                                                    bad_words=[word]))[0]  # fmt: skip
     assert banned.outputs[0].token_ids[0] != ids[0]
+
+
+def test_data_parallel_is_refused_offline_with_a_clear_error():
+    with pytest.raises(ValueError, match="data_parallel_size=2.*--data-parallel-size"):
+        LLM(None, data_parallel_size=2)

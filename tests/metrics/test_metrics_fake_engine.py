@@ -39,7 +39,7 @@ def _wait_idle(url: str) -> dict:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         samples = scrape(url)
-        if value(samples, P + "num_requests_running") == 0:
+        if value(samples, P + "num_requests_running", engine="0") == 0:
             return samples
         time.sleep(0.1)
     raise AssertionError("engine did not go idle")
@@ -97,13 +97,13 @@ def test_counts_add_up_after_a_known_workload(fake_server):
     # One inter-token interval per token after each request's first.
     assert delta(after, before, P + "inter_token_latency_seconds_count") == completion - n
     # The fake computes each prompt once, then every token but the last.
-    steps_tokens = delta(after, before, P + "iteration_tokens_total_sum")
+    steps_tokens = delta(after, before, P + "iteration_tokens_total_sum", engine="0")
     assert steps_tokens == prompt + completion - n
-    assert delta(after, before, P + "iteration_tokens_total_count") >= max(
+    assert delta(after, before, P + "iteration_tokens_total_count", engine="0") >= max(
         u["completion_tokens"] for u in usages
     )
-    assert value(after, P + "kv_cache_usage_perc") == 0
-    assert value(after, P + "num_requests_waiting") == 0
+    assert value(after, P + "kv_cache_usage_perc", engine="0") == 0
+    assert value(after, P + "num_requests_waiting", engine="0") == 0
 
 
 def test_n_choices_count_one_request_and_the_prompt_once(fake_server):
@@ -143,10 +143,10 @@ def test_running_gauge_sees_a_live_request(fake_server):
         seen = 0.0
         while time.monotonic() < deadline and seen < 1:
             samples = scrape(url)
-            seen = value(samples, P + "num_requests_running")
+            seen = value(samples, P + "num_requests_running", engine="0")
             time.sleep(0.1)
         assert seen == 1
-        assert value(samples, P + "kv_cache_usage_perc") > 0
+        assert value(samples, P + "kv_cache_usage_perc", engine="0") > 0
         for _ in lines:
             pass
     _wait_idle(url)
@@ -187,8 +187,8 @@ def test_client_disconnect_counts_as_abort(fake_server):
 def test_each_app_has_its_own_registry():
     from paternoster.metrics.server import ServerMetrics
 
-    a, b = ServerMetrics(dict), ServerMetrics(lambda: {"num_running": 3})
+    a, b = ServerMetrics(list), ServerMetrics(lambda: [{"num_running": 3}])
     a.requests.track(5).finish("stop", 2)
     assert b"paternoster:generation_tokens_total 0.0" in b.render()
-    assert b"paternoster:num_requests_running 3.0" in b.render()
+    assert b'paternoster:num_requests_running{engine="0"} 3.0' in b.render()
     assert b"paternoster:generation_tokens_total 2.0" in a.render()

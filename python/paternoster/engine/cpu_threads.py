@@ -41,6 +41,7 @@ a few larger machines.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -120,8 +121,10 @@ class ThreadChoice:
 
     Attributes:
         num_threads: threads for torch's intra-op pool and the C++ core pool (>= 1).
-        source: ``"auto"``, ``"explicit"`` (``--num-threads``/``num_threads``)
-            or ``"env"`` (:data:`NUM_THREADS_ENV`).
+        source: ``"auto"``, ``"explicit"`` (``--num-threads``/``num_threads``),
+            ``"env"`` (:data:`NUM_THREADS_ENV`) or ``"data_parallel"`` (an
+            engine's share of the cores, chosen by the frontend:
+            :func:`data_parallel_threads`).
         cpus: CPUs to pin the engine process to; ``None`` = do not pin.
         physical_cores: physical cores available (auto only, else 0).
         logical_cpus: CPUs available (auto only, else 0).
@@ -141,10 +144,13 @@ class ThreadChoice:
         """The startup log line, e.g. ``engine threads: 15 (auto: 16 physical
         cores, 32 logical CPUs, 1 core left to the frontend, pinned to CPUs
         1-15,17-31)``."""
+        pinned = "" if self.cpus is None else f", pinned to CPUs {format_cpu_list(self.cpus)}"
         if self.source == "explicit":
-            return f"engine threads: {self.num_threads} (--num-threads)"
+            return f"engine threads: {self.num_threads} (--num-threads{pinned})"
         if self.source == "env":
-            return f"engine threads: {self.num_threads} ({NUM_THREADS_ENV})"
+            return f"engine threads: {self.num_threads} ({NUM_THREADS_ENV}{pinned})"
+        if self.source == "data_parallel":
+            return f"engine threads: {self.num_threads} (data-parallel share{pinned})"
         parts = [f"auto: {self.physical_cores} physical cores",
                  f"{self.logical_cpus} logical CPUs"]  # fmt: skip
         if self.cpu_quota is not None:
@@ -217,6 +223,102 @@ def resolve_threads(requested: int, *, reserve_frontend: bool,
             raise ValueError(f"{NUM_THREADS_ENV} must be an int >= 1, got {env!r}")
         return ThreadChoice(num_threads=n, source="env")
     return choose_threads(topology or read_topology(), reserve_frontend=reserve_frontend)
+
+
+def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *,
+                reserve_frontend: bool = True) -> list[ThreadChoice]:
+    """Disjoint cores for ``num_engines`` data-parallel engine processes; pure.
+
+    With ``num_threads`` 0 (auto) the usable physical cores (capped by the
+    cgroup quota, one left to the frontend from :data:`RESERVE_MIN_CORES`
+    cores, as :func:`choose_threads` decides for one engine) are split into
+    ``num_engines`` runs of consecutive cores, as equal as they can be (the
+    first engines get one more when they do not divide). With ``num_threads``
+    T >= 1 each engine gets T cores, in order. Each engine is pinned to its
+    cores' CPUs, SMT siblings included, and runs one thread per core.
+
+    Args:
+        topology: the CPUs available and the quota.
+        num_engines: engine processes (>= 1).
+        num_threads: threads per engine; 0 = auto.
+        reserve_frontend: see :func:`choose_threads`.
+    Returns:
+        One pinned :class:`ThreadChoice` per engine.
+    Raises:
+        ValueError: ``num_engines`` < 1, ``num_threads`` < 0, or the engines
+            do not fit on disjoint cores (the message gives the counts).
+    """
+    if num_engines < 1:
+        raise ValueError(f"data_parallel_size must be >= 1, got {num_engines}")
+    if num_threads < 0:
+        raise ValueError(f"num_threads must be >= 1, or 0 for auto; got {num_threads}")
+    cores = topology.physical_cores()
+    if not cores:
+        raise ValueError("the CPU topology has no CPUs")
+    if num_threads > 0:
+        usable, reserved, source = len(cores), 0, "explicit"
+        if num_threads * num_engines > usable:
+            raise ValueError(
+                f"--data-parallel-size {num_engines} x --num-threads {num_threads} needs "
+                f"{num_engines * num_threads} physical cores, but {usable} are usable here; "
+                "lower one of them (each engine is pinned to cores of its own)"
+            )
+        sizes = [num_threads] * num_engines
+    else:
+        one = choose_threads(topology, reserve_frontend=reserve_frontend)
+        usable, reserved, source = one.num_threads, one.reserved_cores, "auto"
+        if usable < num_engines:
+            raise ValueError(
+                f"--data-parallel-size {num_engines} needs at least {num_engines} physical "
+                f"cores (one per engine), but {usable} are usable here"
+            )
+        base, extra = divmod(usable, num_engines)
+        sizes = [base + (1 if i < extra else 0) for i in range(num_engines)]
+    choices: list[ThreadChoice] = []
+    start = reserved  # the reserved core is the first (lowest CPU number)
+    for size in sizes:
+        mine = cores[start : start + size]
+        start += size
+        choices.append(ThreadChoice(
+            num_threads=size, source=source, cpus=tuple(sorted(c for core in mine for c in core)),
+            physical_cores=len(cores), logical_cpus=len(topology.cpus),
+            cpu_quota=topology.cpu_quota, reserved_cores=reserved,
+        ))  # fmt: skip
+    return choices
+
+
+def data_parallel_threads(requested: int, num_engines: int, *,
+                          environ: Mapping[str, str] | None = None,
+                          topology: CpuTopology | None = None) -> list[ThreadChoice]:
+    """Each data-parallel engine's threads and CPUs (``--data-parallel-size N``).
+
+    ``requested`` >= 1 (``--num-threads``) or, with auto, the value of
+    :data:`NUM_THREADS_ENV` is the thread count of each engine, pinned to
+    disjoint cores (:func:`split_cores`); an explicit count that does not fit
+    is an error, the environment variable's (a test setting) runs unpinned
+    instead. Auto splits the usable cores between the engines.
+
+    Args:
+        requested: ``num_threads`` from the config; 0 = auto.
+        num_engines: engine processes (>= 1).
+        environ: where to read :data:`NUM_THREADS_ENV` (default ``os.environ``).
+        topology: default: :func:`read_topology` of this process.
+    Returns:
+        One :class:`ThreadChoice` per engine.
+    Raises:
+        ValueError: see :func:`split_cores`; a bad :data:`NUM_THREADS_ENV`.
+    """
+    topology = topology or read_topology()
+    if requested == 0:
+        env_choice = resolve_threads(0, reserve_frontend=True, environ=environ,
+                                     topology=topology)  # fmt: skip
+        if env_choice.source == "env":
+            n = env_choice.num_threads
+            if n * num_engines > len(topology.physical_cores()):
+                return [env_choice] * num_engines
+            return [dataclasses.replace(c, source="env")
+                    for c in split_cores(topology, num_engines, n)]  # fmt: skip
+    return split_cores(topology, num_engines, requested)
 
 
 # ------------------------------------------------------------------ reading

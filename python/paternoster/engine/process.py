@@ -39,7 +39,12 @@ import msgspec
 import zmq
 
 from paternoster.engine.codec import CodecError, MessageCodec, PullQueue, PushQueue
-from paternoster.engine.cpu_threads import format_cpu_list, pin_process, resolve_threads
+from paternoster.engine.cpu_threads import (
+    ThreadChoice,
+    format_cpu_list,
+    pin_process,
+    resolve_threads,
+)
 from paternoster.engine.messages import (
     Abort,
     Add,
@@ -422,7 +427,11 @@ def _configure_threads(config: EngineConfig) -> EngineConfig:
 
     import torch
 
-    threads = resolve_threads(config.num_threads, reserve_frontend=True)
+    if config.cpus is not None:  # a data-parallel engine: the frontend chose its cores
+        threads = ThreadChoice(num_threads=config.num_threads or len(config.cpus),
+                               source="data_parallel", cpus=config.cpus)  # fmt: skip
+    else:
+        threads = resolve_threads(config.num_threads, reserve_frontend=True)
     if threads.cpus is not None:
         try:
             pin_process(threads.cpus)

@@ -167,6 +167,13 @@ def _add_hardening_args(parser: argparse.ArgumentParser) -> None:
         "--queue-timeout", type=_positive_float, default=None, metavar="S",
         help="abort a request with 503 when it waited S seconds for its first token",
     )  # fmt: skip
+    parser.add_argument_group("scale-out").add_argument(
+        "--data-parallel-size", "-dp", type=_positive_int, default=1, metavar="N",
+        help="run N engine processes (data parallel), each with its own KV cache and its "
+             "own cores (CPU: pinned to disjoint cores; --num-threads is then per engine) "
+             "or GPU (CUDA: engine i gets GPU i), behind this one server; requests go "
+             "where their prompt prefix is cached, else to the least loaded engine (default 1)",
+    )  # fmt: skip
     g.add_argument(
         "--restart-engine", action="store_true",
         help="start a new engine process when the engine dies or stalls (in-flight "
@@ -200,10 +207,10 @@ async def serve(args: argparse.Namespace) -> int:
     Returns:
         Exit code: 0 after a clean stop, 1 when the model or engine failed to load.
     """
-    from paternoster.engine.cpu_threads import limit_frontend_torch_threads
+    from paternoster.engine.cpu_threads import format_cpu_list, limit_frontend_torch_threads
     from paternoster.engine.process import DEFAULT_ENGINE_CLS
     from paternoster.entrypoints.openai.api_server import ServerLimits, build_app
-    from paternoster.frontend.engine_client import EngineClient
+    from paternoster.frontend.data_parallel import DataParallelClient
     from paternoster.frontend.errors import EngineStartupError
     from paternoster.model.gguf import is_gguf
 
@@ -249,21 +256,27 @@ async def serve(args: argparse.Namespace) -> int:
             max_n=args.max_n,
             max_stop=args.max_stop_sequences,
         )
+        client = DataParallelClient.create(
+            config,
+            args.data_parallel_size,
+            engine_cls=args.engine_cls or DEFAULT_ENGINE_CLS,
+            startup_timeout=args.engine_startup_timeout,
+            stall_timeout=args.engine_stall_timeout,
+            step_timeout=args.engine_step_timeout,
+            log_level=args.log_level.upper(),
+            max_waiting_requests=args.max_waiting_requests,
+            max_waiting_tokens=args.max_waiting_tokens,
+            queue_timeout=args.queue_timeout,
+            restart_engine=args.restart_engine,
+        )
     except ValueError as e:
         logger.error("%s", e)
         return 1
-    client = EngineClient(
-        config,
-        engine_cls=args.engine_cls or DEFAULT_ENGINE_CLS,
-        startup_timeout=args.engine_startup_timeout,
-        stall_timeout=args.engine_stall_timeout,
-        step_timeout=args.engine_step_timeout,
-        log_level=args.log_level.upper(),
-        max_waiting_requests=args.max_waiting_requests,
-        max_waiting_tokens=args.max_waiting_tokens,
-        queue_timeout=args.queue_timeout,
-        restart_engine=args.restart_engine,
-    )
+    if client.num_engines > 1:
+        for i, c in enumerate(client.engines):
+            where = (f"CPUs {format_cpu_list(c.supervisor.config.cpus)}"
+                     if c.supervisor.config.cpus else str(c.supervisor.env or "unpinned"))
+            logger.info("data parallel: engine %d of %d on %s", i, client.num_engines, where)
     # Load the tokenizer while the engine process loads the model.
     starting = asyncio.create_task(client.start())
     try:

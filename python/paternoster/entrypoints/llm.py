@@ -35,6 +35,9 @@ class LLM:
             ``batch_invariant``, ``load_format``, ``timeline_size``, ``timeline_sample_rate``,
             ``timeline_max_requests``). ``num_threads`` defaults to every
             physical core available (see :mod:`paternoster.engine.cpu_threads`).
+        data_parallel_size: only 1 (the default) for now: the offline API runs
+            one engine in this process; ``paternoster serve
+            --data-parallel-size N`` runs several.
     Attributes:
         engine: the :class:`~paternoster.engine.core.EngineCore` (``step_log``,
             ``stats()``; ``info["num_threads"]`` and ``threads``: the thread
@@ -44,9 +47,17 @@ class LLM:
         ValueError: an option out of range; errors of model loading.
     """
 
-    def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
+    def __init__(self, model: str | None = None, data_parallel_size: int = 1,
+                 **engine_kwargs: Any) -> None:  # fmt: skip
         from paternoster.engine.core import EngineCore
         from paternoster.model.loader import load_tokenizer
+
+        if data_parallel_size != 1:
+            raise ValueError(
+                f"data_parallel_size={data_parallel_size}: the offline LLM runs one engine "
+                "in this process (only 1 is supported); use `paternoster serve "
+                "--data-parallel-size N` for several engines"
+            )
 
         model_dir = resolve_model_dir(model)
         config = build_engine_config(model_dir, **engine_kwargs)

@@ -73,6 +73,11 @@ class EngineClient:
             it is aborted with :class:`EngineOverloadedError` (``None``: forever).
         restart_engine: once the engine died (and its in-flight requests
             failed), start a new engine process.
+        admission: the waiting-queue counts to use instead of a new
+            :class:`Admission` of ``max_waiting_requests`` and
+            ``max_waiting_tokens`` (data-parallel engines share one, so the
+            limits hold for the server as a whole).
+        engine_env: environment variables added to the engine process's.
     Raises:
         ValueError: a limit or timeout <= 0, naming it.
     """
@@ -90,12 +95,15 @@ class EngineClient:
         max_waiting_tokens: int | None = None,
         queue_timeout: float | None = None,
         restart_engine: bool = False,
+        admission: Admission | None = None,
+        engine_env: dict[str, str] | None = None,
     ):
         if queue_timeout is not None and queue_timeout <= 0:
             raise ValueError(
                 f"queue_timeout must be > 0 (or None for no limit), got {queue_timeout}"
             )
-        self.admission = Admission(max_waiting_requests, max_waiting_tokens)
+        self.admission = (admission if admission is not None
+                          else Admission(max_waiting_requests, max_waiting_tokens))
         self.queue_timeout = queue_timeout
         self.link = EngineLink({
             Outputs: self._on_outputs, Heartbeat: self._on_heartbeat,
@@ -106,7 +114,7 @@ class EngineClient:
         self.supervisor = EngineSupervisor(
             config, self.link, secrets.token_hex(16), self._fail_all, engine_cls,
             startup_timeout, stall_timeout, step_timeout, heartbeat_interval, log_level,
-            restart_engine,
+            restart_engine, engine_env,
         )  # fmt: skip
         self.stats: dict = {}
         self._stats_time = float("-inf")  # engine's time.monotonic() of self.stats

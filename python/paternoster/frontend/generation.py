@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from paternoster.frontend.admission import Reservation
+from paternoster.frontend.data_parallel import DataParallelClient
 from paternoster.frontend.engine_client import EngineClient
 from paternoster.frontend.output_processor import SequenceState, fan_out
 from paternoster.metrics.requests import RequestMetrics
@@ -38,7 +39,7 @@ class Generation:
             the rest when it ends, and :meth:`release` does when it never runs.
     """
 
-    def __init__(self, client: EngineClient, tokenizer: Any, request_id: str,
+    def __init__(self, client: EngineClient | DataParallelClient, tokenizer: Any, request_id: str,
                  prompts: list[list[int]], params: SamplingParams, priority: int = 0,
                  cache_salt: str | None = None, arrival_time: float | None = None,
                  metrics: RequestMetrics | None = None,

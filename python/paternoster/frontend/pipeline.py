@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from paternoster.frontend.data_parallel import DataParallelClient
 from paternoster.frontend.engine_client import EngineClient
 from paternoster.frontend.errors import EngineDeadError, InvalidRequestError
 from paternoster.frontend.generation import Generation
@@ -88,11 +89,12 @@ class Submitted:
 
 
 class Frontend:
-    """The one request pipeline over one engine client.
+    """The one request pipeline over one engine client (of one engine, or of
+    several data-parallel ones).
 
     Args:
-        client: a started :class:`EngineClient` (its ``info`` gives the
-            vocabulary size and the context limit).
+        client: a started :class:`EngineClient` or :class:`DataParallelClient`
+            (its ``info`` gives the vocabulary size and the context limit).
         tokenizer: the model's Hugging Face tokenizer.
         model_name: the served model's name.
         metrics: request metrics to record into (``None``: none).
@@ -101,7 +103,7 @@ class Frontend:
         max_stop: the most stop strings per request.
     """
 
-    def __init__(self, client: EngineClient, tokenizer: Any, model_name: str,
+    def __init__(self, client: EngineClient | DataParallelClient, tokenizer: Any, model_name: str,
                  metrics: RequestMetrics | None = None, chat_template: str | None = None,
                  max_n: int = MAX_N, max_stop: int = DEFAULT_MAX_STOP):  # fmt: skip
         self.client = client

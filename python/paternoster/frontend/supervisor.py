@@ -63,6 +63,8 @@ class EngineSupervisor:
         heartbeat_interval: seconds between the engine's heartbeats.
         log_level: the engine process's log level.
         restart_engine: replace a dead engine with a new process.
+        env: environment variables added to the process's (a data-parallel
+            engine's ``CUDA_VISIBLE_DEVICES``).
     Raises:
         ValueError: a timeout <= 0, naming it.
     """
@@ -70,7 +72,8 @@ class EngineSupervisor:
     def __init__(self, config: EngineConfig, link: EngineLink, token: str,
                  on_dead: Callable[[str], None], engine_cls: str, startup_timeout: float,
                  stall_timeout: float, step_timeout: float | None, heartbeat_interval: float,
-                 log_level: str, restart_engine: bool):  # fmt: skip
+                 log_level: str, restart_engine: bool,
+                 env: dict[str, str] | None = None):  # fmt: skip
         for name, value in (("stall_timeout", stall_timeout), ("step_timeout", step_timeout),
                             ("startup_timeout", startup_timeout)):  # fmt: skip
             if value is not None and value <= 0:
@@ -86,6 +89,7 @@ class EngineSupervisor:
         self.heartbeat_interval = heartbeat_interval
         self.log_level = log_level
         self.restart_engine = restart_engine
+        self.env = dict(env or {})
         self.info: dict = {}
         self.dead_reason: str | None = None
         self.stalled_since: float | None = None  # monotonic s of the last message, while stalled
@@ -169,7 +173,7 @@ class EngineSupervisor:
                 "--heartbeat-interval", str(self.heartbeat_interval),
                 "--log-level", self.log_level,
             ],
-            env=_child_env(self.token),
+            env=_child_env(self.token, self.env),
         )  # fmt: skip
 
     async def stop(self, kill: bool) -> None:
@@ -289,10 +293,10 @@ class EngineSupervisor:
             waiter.set_exception(EngineStartupError(f"engine failed to start: {msg.error}"))
 
 
-def _child_env(token: str) -> dict[str, str]:
-    """Our environment, with this package importable in the child and the
-    handshake ``token`` in ``PATERNOSTER_ENGINE_TOKEN``."""
-    env = dict(os.environ)
+def _child_env(token: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Our environment plus ``extra``, with this package importable in the
+    child and the handshake ``token`` in ``PATERNOSTER_ENGINE_TOKEN``."""
+    env = {**os.environ, **(extra or {})}
     env[TOKEN_ENV] = token
     root = str(Path(__file__).resolve().parents[2])  # the dir holding paternoster/
     parts = [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -14,15 +14,17 @@ class ServerMetrics:
     """Every ``paternoster:`` metric of one server, in a private registry.
 
     Args:
-        engine_stats: returns the engine's latest heartbeat stats
-            (``EngineCore.stats()``; an empty dict before the first beat).
+        engine_stats: returns each engine's latest heartbeat stats
+            (``EngineCore.stats()``; an empty dict before its first beat),
+            engine 0 first (one dict with one engine).
+        num_engines: the engines behind the server.
     """
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, engine_stats: Callable[[], dict]) -> None:
+    def __init__(self, engine_stats: Callable[[], Sequence[dict]], num_engines: int = 1) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.engine = EngineMetrics(self.registry, engine_stats)
+        self.engine = EngineMetrics(self.registry, engine_stats, num_engines)
         self.requests = RequestMetrics(self.registry)
 
     def render(self) -> bytes:

@@ -3,8 +3,9 @@
 Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses
 (stateless, mapped onto chat: responses.py), GET /v1/models (and /v1/models/{id}),
 POST /tokenize and POST /detokenize (vLLM's shapes), GET /version,
-GET /health (200, or 503 with the reason once the engine died), GET /stats
-(the engine's stats as of its latest step; for tests and dashboards), GET /metrics
+GET /health (200 while an engine serves, or 503 with the reason once every
+engine died; the body lists each engine), GET /stats (the engines' stats as of
+their latest step, added up and per engine; for tests and dashboards), GET /metrics
 (Prometheus text format; docs/metrics.md), POST /reset_prefix_cache (forget
 the cached KV blocks), GET /debug/timeline (the request
 timeline as a Chrome/Perfetto trace, or ``?format=snapshot`` for the raw
@@ -52,6 +53,7 @@ from paternoster.entrypoints.openai.responses import create_response
 from paternoster.entrypoints.openai.responses_protocol import ResponsesRequest
 from paternoster.entrypoints.openai.serving import OpenAIServing
 from paternoster.entrypoints.openai.sse import ClientDisconnected
+from paternoster.frontend.data_parallel import DataParallelClient
 from paternoster.frontend.engine_client import EngineClient
 from paternoster.frontend.errors import (
     EngineDeadError,
@@ -224,7 +226,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def build_app(
-    client: EngineClient,
+    client: EngineClient | DataParallelClient,
     tokenizer: Any,
     served_model_name: str,
     chat_template: str | None = None,
@@ -236,7 +238,8 @@ def build_app(
     """Create the FastAPI app over a started engine client.
 
     Args:
-        client: a started :class:`EngineClient` (its ``info`` is read).
+        client: a started :class:`DataParallelClient`, or a started
+            :class:`EngineClient` (served as one engine).
         tokenizer: the model's Hugging Face tokenizer.
         served_model_name: the model id clients must use.
         chat_template: a Jinja chat template replacing the model's own
@@ -255,12 +258,15 @@ def build_app(
     from paternoster import __version__
 
     app = FastAPI(title="Paternoster", version=__version__, docs_url=None, redoc_url=None)
-    metrics = ServerMetrics(lambda: client.stats)
+    if isinstance(client, EngineClient):
+        client = DataParallelClient([client])
+    metrics = ServerMetrics(client.engine_stats, client.num_engines)
     client.add_iteration_listener(metrics.engine.observe_iteration_tokens)
     limits = limits or ServerLimits()
     frontend = Frontend(client, tokenizer, served_model_name, metrics.requests, chat_template,
                         limits.max_n, limits.max_stop)  # fmt: skip
     serving = OpenAIServing(frontend, tool_parser, reasoning_parser, trust_request_chat_template)
+    app.state.client = client
     app.state.frontend = frontend
     app.state.serving = serving
     app.state.metrics = metrics
@@ -351,20 +357,27 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 ``{"status": "ok"}``, or 503 with the reason the engine cannot
-        serve: dead, restarting, stalled (no heartbeat for
+        """200 ``{"status": "ok"}`` while at least one engine serves, or 503
+        with the reason none can: dead, restarting, stalled (no heartbeat for
         ``--engine-stall-timeout`` seconds; 200 again once it resumes) or
-        shutting down."""
+        shutting down. ``engines`` gives each engine's ``status`` (and
+        ``reason`` when it cannot serve)."""
+        engines = [{"engine": i, "status": "ok"} if r is None else
+                   {"engine": i, "status": "unhealthy", "reason": r}
+                   for i, r in enumerate(c.unavailable_reason for c in client.engines)]  # fmt: skip
         reason = client.unavailable_reason
         if reason is None:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+            return JSONResponse({"status": "ok", "engines": engines})
+        return JSONResponse({"status": "unhealthy", "reason": reason, "engines": engines},
+                            status_code=503)  # fmt: skip
 
     @app.get("/stats")
     async def stats() -> JSONResponse:
-        """Frontend counters (live) and the engine's stats as of its latest
+        """Frontend counters (live) and the engines' stats as of their latest
         ``outputs`` message (sent after every step) or heartbeat (every 0.5 s),
-        whichever is newer; plus the engine pid and its thread count."""
+        whichever is newer, added up in ``engine``; plus engine 0's pid and
+        thread count, and in ``engines`` each engine's state, pid, threads
+        and stats; ``router`` counts requests routed by prefix affinity and by load."""
         return JSONResponse(
             {
                 "alive": client.is_alive,
@@ -379,6 +392,9 @@ def build_app(
                 "scheduler": client.info.get("scheduler"),
                 "num_threads": client.info.get("num_threads"),
                 "engine": client.stats,
+                "engines": client.describe_engines(),
+                "router": {"affinity": client.router.num_affinity_routed,
+                           "load": client.router.num_load_routed},
             }
         )
 
@@ -395,14 +411,17 @@ def build_app(
             503: _ERRORS[503],
         },
     )
-    async def debug_timeline(format: str = "chrome") -> Response:
-        """The engine's request timeline (docs/metrics.md): ``format=chrome`` (default)
-        a Chrome/Perfetto trace, ``format=snapshot`` the raw snapshot. 404 when
-        timelines are off, 503 when the engine is down, 400 for another format."""
+    async def debug_timeline(format: str = "chrome", engine: int = 0) -> Response:
+        """An engine's request timeline (docs/metrics.md): ``format=chrome`` (default)
+        a Chrome/Perfetto trace, ``format=snapshot`` the raw snapshot; ``engine``
+        picks the data-parallel engine (default 0). 404 when timelines are off,
+        503 when the engine is down, 400 for another format or engine."""
         if format not in ("chrome", "snapshot"):
             raise APIError(400, "format must be 'chrome' or 'snapshot'", "format")
+        if not 0 <= engine < client.num_engines:
+            raise APIError(400, f"engine must be in [0, {client.num_engines})", "engine")
         try:
-            snapshot = await client.timeline()
+            snapshot = await client.timeline(engine=engine)
         except TimelineUnavailableError as e:
             raise APIError(404, str(e)) from None
         except (EngineDeadError, TimeoutError) as e:

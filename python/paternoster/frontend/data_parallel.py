@@ -1,0 +1,366 @@
+"""N data-parallel engines behind one frontend (``--data-parallel-size N``).
+
+:class:`DataParallelClient` presents the :class:`EngineClient` interface the
+pipeline, the HTTP server and the CLI use, over N engine clients: each runs
+one engine process with its own KV cache and its own cores or GPU
+(:mod:`.placement`), its own link, supervision and restarts. A request goes
+where the :class:`~.router.Router` sends it (prefix-cache affinity, then the
+least loaded engine); its outputs, aborts and failures stay with that engine,
+so one engine dying fails only its own in-flight requests while the others
+keep serving. The waiting-queue limits (``--max-waiting-requests``,
+``--max-waiting-tokens``) hold for the server as a whole: every engine client
+shares one :class:`Admission`.
+
+With one engine it is a thin wrapper: no hashing, no routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+from paternoster.config import EngineConfig
+from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
+from paternoster.frontend.admission import Admission, Reservation
+from paternoster.frontend.engine_client import EngineClient
+from paternoster.frontend.errors import EngineDeadError
+from paternoster.frontend.placement import place_engines
+from paternoster.frontend.router import (
+    EngineLoad,
+    NoEngineAvailableError,
+    Router,
+    prefix_block_hashes,
+)
+
+#: Engine stats summed over engines in the aggregate ``/stats``; the usage
+#: fractions are averaged.
+_FRACTIONS = ("kv_cache_usage", "state_slot_usage")
+
+
+class DataParallelClient:
+    """Routes requests over several :class:`EngineClient` s.
+
+    Args:
+        clients: one client per engine, not started, sharing one
+            :class:`Admission` (:meth:`create` builds them).
+        router: the routing policy (default: a :class:`Router` with its defaults).
+    Raises:
+        ValueError: no clients, clients with admissions of their own, or a
+            router for another number of engines.
+    """
+
+    def __init__(self, clients: Sequence[EngineClient], router: Router | None = None):
+        if not clients:
+            raise ValueError("DataParallelClient needs at least one engine client")
+        if len({id(c.admission) for c in clients}) != 1:
+            raise ValueError("data-parallel engine clients must share one Admission")
+        router = router if router is not None else Router(len(clients))
+        if router.num_engines != len(clients):
+            raise ValueError(f"router is for {router.num_engines} engines, "
+                             f"got {len(clients)} clients")  # fmt: skip
+        self.engines = list(clients)
+        self.router = router
+        self.admission = clients[0].admission
+        self._owner: dict[str, int] = {}  # in-flight request id -> engine index
+        self._restarts = [0] * len(clients)  # num_restarts the router has seen
+        self._refusing: str | None = None
+
+    @classmethod
+    def create(cls, config: EngineConfig, data_parallel_size: int = 1,
+               max_waiting_requests: int | None = None, max_waiting_tokens: int | None = None,
+               router: Router | None = None, **client_args: Any) -> DataParallelClient:  # fmt: skip
+        """``data_parallel_size`` engine clients placed on their own cores or
+        GPUs (:func:`~.placement.place_engines`).
+
+        Args:
+            config: the engines' shared configuration.
+            data_parallel_size: engine processes (>= 1).
+            max_waiting_requests: see :class:`EngineClient` (for the server
+                as a whole).
+            max_waiting_tokens: likewise.
+            router: see the class.
+            client_args: the other :class:`EngineClient` arguments.
+        Raises:
+            ValueError: see :func:`~.placement.place_engines`; a bad limit.
+        """
+        admission = Admission(max_waiting_requests, max_waiting_tokens)
+        placements = place_engines(config, data_parallel_size)
+        clients = [EngineClient(p.config, admission=admission, engine_env=p.env, **client_args)
+                   for p in placements]  # fmt: skip
+        return cls(clients, router)
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def num_engines(self) -> int:
+        """Engines behind this client."""
+        return len(self.engines)
+
+    @property
+    def info(self) -> dict:
+        """Engine 0's ``info`` (every engine serves the same model); empty
+        before :meth:`start`."""
+        return self.engines[0].info
+
+    @property
+    def stats(self) -> dict:
+        """The engines' latest stats added up (usage fractions averaged)."""
+        per_engine = [c.stats for c in self.engines if c.stats]
+        if len(self.engines) == 1:
+            return self.engines[0].stats
+        total: dict = {}
+        for stats in per_engine:
+            for key, value in stats.items():
+                if isinstance(value, (int, float)):
+                    total[key] = total.get(key, 0) + value
+        for key in _FRACTIONS:
+            if key in total:
+                total[key] /= len(per_engine)
+        return total
+
+    def engine_stats(self) -> list[dict]:
+        """Each engine's latest stats, engine 0 first (for the metrics)."""
+        return [c.stats for c in self.engines]
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why every engine is dead, or ``None`` while one lives."""
+        reasons = [c.dead_reason for c in self.engines]
+        if any(r is None for r in reasons):
+            return None
+        return self._join(reasons)
+
+    @property
+    def num_restarts(self) -> int:
+        """Engine restarts so far, all engines."""
+        return sum(c.num_restarts for c in self.engines)
+
+    @property
+    def pid(self) -> int | None:
+        """Engine 0's process id (every engine's: :meth:`describe_engines`)."""
+        return self.engines[0].pid
+
+    @property
+    def is_alive(self) -> bool:
+        """True while at least one engine takes new requests."""
+        return self.unavailable_reason is None
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why new requests are refused (every engine dead, stalled or
+        restarting, or shutting down), or ``None`` when one engine takes them."""
+        if self._refusing is not None:
+            return self._refusing
+        reasons = [c.unavailable_reason for c in self.engines]
+        if any(r is None for r in reasons):
+            return None
+        return self._join(reasons)
+
+    def _join(self, reasons: list[str | None]) -> str:
+        if len(reasons) == 1:
+            return str(reasons[0])
+        return "no engine can serve: " + "; ".join(f"engine {i}: {r}"
+                                                   for i, r in enumerate(reasons))  # fmt: skip
+
+    def describe_engines(self) -> list[dict]:
+        """Each engine's state for ``/health`` and ``/stats``."""
+        return [
+            {
+                "index": i,
+                "alive": c.is_alive,
+                "dead_reason": c.dead_reason,
+                "unavailable_reason": c.unavailable_reason,
+                "num_restarts": c.num_restarts,
+                "num_in_flight": c.num_in_flight,
+                "engine_pid": c.pid,
+                "num_threads": c.info.get("num_threads"),
+                "cpus": list(c.supervisor.config.cpus or []) or None,
+                "env": dict(c.supervisor.env) or None,
+                "engine": c.stats,
+            }
+            for i, c in enumerate(self.engines)
+        ]
+
+    def stop_accepting(self, reason: str = "server is shutting down") -> None:
+        """Refuse new requests from now on (every engine); in-flight ones go on."""
+        if self._refusing is None:
+            self._refusing = reason
+        for c in self.engines:
+            c.stop_accepting(reason)
+
+    def fail_in_flight(self, reason: str) -> None:
+        """End every in-flight request, on every engine, with :class:`EngineDeadError`."""
+        for c in self.engines:
+            c.fail_in_flight(reason)
+
+    # ------------------------------------------------------------- life
+
+    async def start(self) -> dict:
+        """Start every engine, concurrently, and wait until all are ready.
+
+        Returns:
+            Engine 0's ``info``.
+        Raises:
+            EngineStartupError: an engine failed to start (the message names
+                it; every engine is shut down).
+        """
+        results = await asyncio.gather(*(c.start() for c in self.engines),
+                                       return_exceptions=True)  # fmt: skip
+        for i, r in enumerate(results):
+            if isinstance(r, BaseException):
+                await self.shutdown()
+                if len(self.engines) > 1 and r.args:
+                    r.args = (f"engine {i}: {r.args[0]}", *r.args[1:])
+                raise r
+        return self.info
+
+    async def shutdown(self) -> None:
+        """Shut every engine down (:meth:`EngineClient.shutdown`). Idempotent."""
+        await asyncio.gather(*(c.shutdown() for c in self.engines))
+
+    # --------------------------------------------------------- requests
+
+    def check_capacity(self, num_requests: int, num_tokens: int) -> Reservation:
+        """Admit new work unless the server's waiting queue is full
+        (:meth:`Admission.check_capacity`).
+
+        Raises:
+            EngineOverloadedError: a waiting-queue limit would be exceeded.
+        """
+        return self.admission.check_capacity(num_requests, num_tokens)
+
+    def load(self, engine: int) -> EngineLoad:
+        """Engine ``engine``'s load for the router: its requests are the more
+        of the frontend's in-flight count (exact, and current) and the engine's
+        last reported waiting + running (one step old)."""
+        c = self.engines[engine]
+        stats = c.stats
+        reported = int(stats.get("num_waiting", 0)) + int(stats.get("num_running", 0))
+        return EngineLoad(available=c.is_alive, num_requests=max(c.num_in_flight, reported),
+                          kv_cache_usage=float(stats.get("kv_cache_usage", 0.0)))  # fmt: skip
+
+    def route(self, request: EngineCoreRequest) -> int:
+        """The engine index for ``request`` (:class:`Router`).
+
+        Raises:
+            EngineDeadError: no engine takes new requests.
+        """
+        if len(self.engines) == 1:
+            return 0
+        for i, c in enumerate(self.engines):  # a restarted engine's cache is empty
+            if c.num_restarts != self._restarts[i]:
+                self._restarts[i] = c.num_restarts
+                self.router.forget(i)
+        block_size = int(self.info.get("block_size") or 0)
+        hashes = (prefix_block_hashes(request.prompt_token_ids, block_size, request.cache_salt)
+                  if block_size > 0 else [])  # fmt: skip
+        loads = [self.load(i) for i in range(len(self.engines))]
+        try:
+            return self.router.route(hashes, loads)
+        except NoEngineAvailableError:
+            raise EngineDeadError(self.unavailable_reason or "no engine is available") from None
+
+    async def generate(
+        self, request: EngineCoreRequest, reservation: Reservation | None = None
+    ) -> AsyncIterator[EngineCoreOutput]:
+        """Route a request to one engine and yield its outputs
+        (:meth:`EngineClient.generate`, whose errors it raises).
+
+        Raises:
+            EngineDeadError: no engine takes new requests, or the chosen one
+                died (only its requests fail).
+            ValueError: the id is already in flight.
+        """
+        if self._refusing is not None:
+            raise EngineDeadError(self._refusing)
+        rid = request.request_id
+        if rid in self._owner:
+            raise ValueError(f"request id {rid!r} is already in flight")
+        engine = self.route(request)
+        self._owner[rid] = engine
+        try:
+            outputs = self.engines[engine].generate(request, reservation)
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    yield out
+        finally:
+            self._owner.pop(rid, None)
+
+    def engine_of(self, request_id: str) -> int | None:
+        """The engine an in-flight request runs on, or ``None``."""
+        return self._owner.get(request_id)
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Ask the engines running these requests to abort them (unknown ids
+        are ignored)."""
+        by_engine: dict[int, list[str]] = {}
+        for rid in map(str, request_ids):
+            engine = self._owner.get(rid)
+            if engine is not None:
+                by_engine.setdefault(engine, []).append(rid)
+        for engine, ids in by_engine.items():
+            self.engines[engine].abort(ids)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests whose outputs are still awaited, all engines."""
+        return sum(c.num_in_flight for c in self.engines)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests sent that have not had their first output yet, all engines."""
+        return len(self.admission.waiting)
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        """Prompt tokens of the waiting requests."""
+        return self.admission.waiting_tokens
+
+    @property
+    def num_reserved(self) -> int:
+        """Requests admitted and not sent yet (nor released)."""
+        return self.admission.reserved_requests
+
+    @property
+    def num_reserved_tokens(self) -> int:
+        """Prompt tokens of the reserved requests."""
+        return self.admission.reserved_tokens
+
+    # ------------------------------------------------------ control calls
+
+    async def timeline(self, timeout: float = 30.0, engine: int = 0) -> dict:
+        """Engine ``engine``'s request timeline (:meth:`EngineClient.timeline`).
+
+        Raises:
+            ValueError: no such engine.
+            TimelineUnavailableError, EngineDeadError, TimeoutError: see there.
+        """
+        if not 0 <= engine < len(self.engines):
+            raise ValueError(f"engine must be in [0, {len(self.engines)}), got {engine}")
+        return await self.engines[engine].timeline(timeout)
+
+    async def reset_prefix_cache(self, timeout: float = 30.0) -> int:
+        """Reset every live engine's prefix cache (:meth:`EngineClient.reset_prefix_cache`)
+        and forget where prefixes were sent.
+
+        Returns:
+            Blocks uncached, all engines.
+        Raises:
+            ValueError: an engine has no prefix cache.
+            EngineDeadError: no engine is live.
+            TimeoutError: an engine did not reply within ``timeout`` seconds.
+        """
+        live = [c for c in self.engines if c.is_alive]
+        if not live:
+            raise EngineDeadError(self.unavailable_reason or "no engine is available")
+        counts = await asyncio.gather(*(c.reset_prefix_cache(timeout) for c in live))
+        self.router.forget()
+        return sum(counts)
+
+    def add_iteration_listener(self, listener: Callable[[list[int], int], None]) -> None:
+        """Call ``listener(tokens, engine)`` for each ``Outputs`` message of
+        each engine (:meth:`EngineClient.add_iteration_listener`)."""
+        for i, c in enumerate(self.engines):
+            c.add_iteration_listener(lambda tokens, i=i: listener(tokens, i))
