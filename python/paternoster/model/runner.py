@@ -24,6 +24,9 @@ from paternoster.model.loader import (
     load_model,
     resolve_dtype,
 )
+from paternoster.model.parallel.group import TPGroup
+from paternoster.model.parallel.shard import check_heads
+from paternoster.model.parallel.tp_model import load_tp_model
 from paternoster.model.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,12 @@ class ModelRunner:
         attn_ops: paged-attention kernels; default :mod:`paternoster.ops`.
         max_num_seqs: CUDA: most sequences of a step (workspace, graph sizes).
         max_num_batched_tokens: CUDA: token budget of a step (profiling).
+        tp: the tensor-parallel group this runner is one rank of (None: the
+            whole model here). With ``tp.size > 1`` (CPU, safetensors
+            weights, Llama/Qwen2/Qwen3 dense) the runner holds its shard
+            (:class:`~paternoster.model.parallel.tp_model.TensorParallelCausalLM`)
+            and a KV cache of ``Hkv / tp.size`` heads; every rank must run
+            :meth:`compute_logits` on the same batch, and each gets the full logits.
 
     Attributes:
         hf_config: the transformers config. model_dir: pathlib.Path.
@@ -96,7 +105,9 @@ class ModelRunner:
             different KV cache groups share these tensors (``kv_layout``).
 
     Raises:
-        ValueError: unsupported architecture or dtype; a KV cache budget too
+        ValueError: unsupported architecture or dtype; a tensor-parallel
+            group on CUDA, with dummy weights or with sizes that do not
+            split over it; a KV cache budget too
             small for one block; ``max_model_len`` above the model's
             ``max_position_embeddings``; CUDA requested without a GPU or
             without the CUDA kernels built.
@@ -105,7 +116,7 @@ class ModelRunner:
 
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, *,
                  attn_ops: AttentionOps | None = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 8192) -> None:
+                 max_num_batched_tokens: int = 8192, tp: TPGroup | None = None) -> None:
         self.model_dir = Path(model_config.model).expanduser()
         self.hf_config = load_hf_config(self.model_dir)
         cfg = self.hf_config
@@ -115,6 +126,10 @@ class ModelRunner:
         self.num_layers = cfg.num_hidden_layers
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        if self.tp is not None:
+            check_heads(cfg.num_attention_heads, self.num_kv_heads, self.tp.size)
+            self.num_kv_heads //= self.tp.size  # this rank's share of the KV heads
         self.vocab_size = cfg.vocab_size
         self.eos_token_id = self._eos_token_id()
         self.workspace: torch.Tensor | None = None  # CUDA split-K scratch
@@ -129,13 +144,23 @@ class ModelRunner:
         self.num_state_slots = max_num_seqs if self.kv_layout.num_recurrent_layers else 0
         self._max_chunk = max_num_batched_tokens
         ops = attn_ops if attn_ops is not None else default_attention_ops()
+        if self.tp is not None and (self.device.type != "cpu"
+                                    or model_config.load_format == "dummy"
+                                    or model_config.batch_invariant):
+            raise ValueError("tensor parallel runs on CPU with safetensors weights, not "
+                             "batch-invariant, here; "
+                             f"got device {self.device}, load_format "
+                             f"{model_config.load_format!r}")
         if self.device.type == "cuda":
             self._init_cuda(model_config, cache_config, ops, attn_ops is None, max_num_seqs,
                             max_num_batched_tokens)
             return
         self.num_kv_blocks = self._num_blocks(cache_config)
         self.max_model_len = self._max_model_len(model_config)
-        if model_config.load_format == "dummy":
+        if self.tp is not None:
+            self.model = load_tp_model(self.model_dir, cfg, self.dtype, ops, self.tp,
+                                       max_positions=self.max_model_len)
+        elif model_config.load_format == "dummy":
             self.model = dummy_model(cfg, self.dtype, ops, self.max_model_len, self.device,
                                      batch_invariant=model_config.batch_invariant)
         else:
