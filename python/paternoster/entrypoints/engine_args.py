@@ -76,6 +76,7 @@ def build_engine_config(
     timeline_size: int = 0,
     timeline_sample_rate: float = 1.0,
     timeline_max_requests: int | None = None,
+    tensor_parallel_size: int = 1,
 ) -> EngineConfig:
     """Build an :class:`EngineConfig` from the flat option names of the CLI.
 
@@ -109,11 +110,20 @@ def build_engine_config(
         timeline_size: engine steps the request timeline keeps (0 = off).
         timeline_sample_rate: fraction of requests the timeline records.
         timeline_max_requests: requests the timeline keeps (default: ``timeline_size``).
+        tensor_parallel_size: ranks the model is split over; only 1 is
+            served yet (the split model and its runner are in
+            :mod:`paternoster.model.parallel`; the engine's worker ranks are not wired).
     Returns:
         The validated config.
     Raises:
-        ValueError: a value out of range (the message names it).
+        ValueError: a value out of range (the message names it), or
+            ``tensor_parallel_size`` other than 1.
     """
+    if tensor_parallel_size != 1:
+        raise ValueError(
+            f"tensor_parallel_size={tensor_parallel_size}: tensor parallel serving is not wired "
+            "yet; the layers and the TP forward are in paternoster.model.parallel "
+            "(ModelRunner(..., tp=TPGroup) runs one rank, docs/tensor_parallel.md)")
     cache = {"block_size": block_size, "num_kv_blocks": num_kv_blocks,
              "gpu_memory_utilization": gpu_memory_utilization,
              "enable_prefix_caching": enable_prefix_caching}
@@ -162,7 +172,7 @@ ENGINE_ARG_NAMES = (
     "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "scheduler",
     "scheduler_config", "num_threads", "seed", "device", "gpu_memory_utilization",
     "cuda_graphs", "batch_invariant", "load_format", "timeline_size", "timeline_sample_rate",
-    "timeline_max_requests", "enable_prefix_caching",
+    "timeline_max_requests", "enable_prefix_caching", "tensor_parallel_size",
 )  # fmt: skip
 
 
@@ -231,6 +241,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
              "is pinned to the others; env PATERNOSTER_NUM_THREADS replaces auto)",
     )  # fmt: skip
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+        help="split the model over N ranks (only 1 is served yet: see docs/tensor_parallel.md)",
+    )  # fmt: skip
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     g.add_argument(
         "--gpu-memory-utilization", type=float, default=0.9,

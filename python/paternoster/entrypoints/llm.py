@@ -33,7 +33,8 @@ class LLM:
             ``scheduler``, ``num_threads``, ``seed``, ``served_model_name``,
             ``device``, ``gpu_memory_utilization``, ``cuda_graphs``,
             ``batch_invariant``, ``load_format``, ``timeline_size``, ``timeline_sample_rate``,
-            ``timeline_max_requests``). ``num_threads`` defaults to every
+            ``timeline_max_requests``, ``tensor_parallel_size``: only 1 yet,
+            others raise ValueError). ``num_threads`` defaults to every
             physical core available (see :mod:`paternoster.engine.cpu_threads`).
         data_parallel_size: only 1 (the default) for now: the offline API runs
             one engine in this process; ``paternoster serve
