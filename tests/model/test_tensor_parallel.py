@@ -205,3 +205,10 @@ def test_tp2_logits_equal_tp1_and_hf(kind, tmp_path):
     for i, prompt in enumerate(PROMPTS):
         rows = ranks[0][0][sum(lens[:i]) : sum(lens[: i + 1])]
         torch.testing.assert_close(rows, hf_logits(hf, prompt), atol=1e-4, rtol=1e-4)
+
+
+def test_tensor_parallel_size_above_one_is_refused_until_serving_is_wired():
+    from paternoster.entrypoints.engine_args import build_engine_config
+
+    with pytest.raises(ValueError, match="tensor parallel serving is not wired"):
+        build_engine_config("unused", tensor_parallel_size=2)
