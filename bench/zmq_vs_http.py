@@ -50,14 +50,16 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def null_server(model_dir: str, timeout: float = 120.0) -> Iterator[tuple[str, str]]:
-    """``paternoster serve`` over the null engine; yields ``(http_url, zmq_address)``."""
+def null_server(model_dir: str, timeout: float = 120.0,
+                extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:  # fmt: skip
+    """``paternoster serve`` over the null engine (plus ``extra_args``); yields
+    ``(http_url, zmq_address)``."""
     port, zport = _free_port(), _free_port()
     address = f"tcp://127.0.0.1:{zport}"
     cmd = [sys.executable, "-m", "paternoster.entrypoints.cli", "serve", model_dir,
            "--engine-cls", "paternoster.bench.null_engine:NullEngineCore", "--port", str(port),
            "--zmq-address", address, "--log-level", "warning", "--max-num-seqs", "4096",
-           "--max-model-len", "4096"]  # fmt: skip
+           "--max-model-len", "4096", *extra_args]  # fmt: skip
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(cmd, env=env)
