@@ -6,7 +6,8 @@ one CPU per node, both nodes on this machine): the placement group puts one
 engine on each node. With the real default model, greedy outputs equal a
 single local engine's and both actors serve; with the fake engine, ``ray.kill``
 of one actor fails its in-flight request fast, the other engine keeps serving,
-and ``--restart-engine`` brings a new actor back.
+and ``--restart-engine`` brings a new actor back; losing a whole node (its
+raylet and workers killed) fails only the requests of the engine it held.
 """
 
 from __future__ import annotations
@@ -73,14 +74,22 @@ def test_greedy_outputs_of_two_actors_equal_a_single_local_engine(cluster, defau
 
 
 @pytest.fixture(scope="module")
-def fake_ray_server(cluster, default_model_path, tmp_path_factory):
+def fake_model_dir(default_model_path, tmp_path_factory):
+    """The fake engine's model dir: the default model's tokenizer, 20 ms steps."""
     d = tmp_path_factory.mktemp("fake_model_ray")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (default_model_path / name).exists():
             shutil.copy(default_model_path / name, d / name)
     (d / "fake_engine.json").write_text(json.dumps({"step_delay": 0.02}))
-    with start_server(str(d), "--engine-cls", FAKE_ENGINE, *RAY_ARGS, "--ray-address",
-                      cluster.address, "--restart-engine") as srv:  # fmt: skip
+    return d
+
+
+@pytest.fixture
+def fake_ray_server(cluster, fake_model_dir):
+    """Two fake engines as Ray actors with --restart-engine (for one test: the
+    cluster has room for one server's two engines at a time)."""
+    with start_server(str(fake_model_dir), "--engine-cls", FAKE_ENGINE, *RAY_ARGS,
+                      "--ray-address", cluster.address, "--restart-engine") as srv:  # fmt: skip
         yield srv
 
 
@@ -125,6 +134,41 @@ def test_killing_one_actor_fails_its_request_fast_and_the_other_serves(fake_ray_
     for t in threads:
         t.join(60)
     assert [r.status_code for r, _ in results.values()] == [200, 200]
+
+
+def test_losing_a_node_fails_its_engines_request_and_the_other_serves(cluster, fake_model_dir):
+    # Its own server without restarts; the lost node is replaced at the end so
+    # the cluster keeps two nodes for the module's other servers.
+    with start_server(str(fake_model_dir), "--engine-cls", FAKE_ENGINE, *RAY_ARGS,
+                      "--ray-address", cluster.address) as srv:  # fmt: skip
+        worker = next(n for n in cluster.list_all_nodes() if not n.head)
+        engines = srv.get("/stats").json()["engines"]
+        victim = next(e["index"] for e in engines if e["node_id"] == worker.node_id)
+        results: dict[int, tuple[int, float]] = {}
+
+        def run(i: int) -> None:
+            body = {"prompt": [100 + i, 7, 7, 7], "max_tokens": 200, "ignore_eos": True}
+            r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+            results[i] = (r.status_code, time.monotonic())
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        srv.wait_for(lambda s: [e["num_in_flight"] for e in s["engines"]] == [1, 1],
+                     timeout=30, what="one request on each engine")  # fmt: skip
+        lost_at = time.monotonic()
+        cluster.remove_node(worker, allow_graceful=False)
+        for t in threads:
+            t.join(60)
+        assert sorted(code for code, _ in results.values()) == [200, 503]
+        assert next(at for code, at in results.values() if code == 503) - lost_at < 10.0
+        stats = srv.get("/stats").json()["engines"]
+        assert not stats[victim]["alive"] and stats[1 - victim]["alive"]
+        r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                       json={"prompt": [300, 1, 2], "max_tokens": 3})  # fmt: skip
+        assert r.status_code == 200
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
 
 
 def test_no_cluster_at_the_address_is_a_clear_error(default_model_path):
