@@ -25,7 +25,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from paternoster.frontend.ray_executor import NAMESPACE
+from paternoster.frontend.ray_executor import NAMESPACE, RayLauncher
 from tests.entrypoints.utils import FAKE_ENGINE, child_env, free_port, start_server
 
 MODEL_ARGS = ("--num-kv-blocks", "256", "--max-model-len", "1024")
@@ -169,6 +169,15 @@ def test_losing_a_node_fails_its_engines_request_and_the_other_serves(cluster, f
         assert r.status_code == 200
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
+
+
+def test_a_cluster_without_room_for_the_engines_is_a_clear_error(cluster):
+    with pytest.raises(ValueError, match=r"no room for 2 engine\(s\) of \{'CPU': 4\}"):
+        RayLauncher(2, num_cpus=4, address=cluster.address, placement_timeout=1.0)
+    deadline = time.monotonic() + 10  # the placement group is released (asynchronously)
+    while ray.available_resources().get("CPU") != 2.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU") == 2.0
 
 
 def test_no_cluster_at_the_address_is_a_clear_error(default_model_path):
