@@ -126,3 +126,19 @@ def test_mismatched_clients_are_refused(fake_dir):
         DataParallelClient([])
     with pytest.raises(ValueError, match="router is for 3 engines"):
         DataParallelClient([EngineClient(config)], Router(3))
+
+
+def test_unknown_backend_and_a_ray_address_without_ray_are_refused(tmp_path):
+    config = EngineConfig(ModelConfig(str(tmp_path)))
+    with pytest.raises(ValueError, match="distributed_executor_backend must be 'mp' or 'ray'"):
+        DataParallelClient.create(config, 2, distributed_executor_backend="mpi")
+    with pytest.raises(ValueError, match="--ray-address needs --distributed-executor-backend ray"):
+        DataParallelClient.create(config, 2, ray_address="127.0.0.1:6379")
+
+
+def test_ray_backend_without_a_cluster_says_how_to_start_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    config = EngineConfig(ModelConfig(str(tmp_path)))
+    with pytest.raises(ValueError, match="no Ray cluster at '127.0.0.1:9'.*ray start --head"):
+        DataParallelClient.create(config, 2, distributed_executor_backend="ray",
+                                  ray_address="127.0.0.1:9")  # fmt: skip

@@ -344,6 +344,7 @@ def run_engine(
     parent_pid: int | None = None,
     engine_cls: str = DEFAULT_ENGINE_CLS,
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+    token: str | None = None,
 ) -> int:
     """Connect, receive the config, build the engine, and serve until shutdown.
 
@@ -353,6 +354,8 @@ def run_engine(
         parent_pid: exit when our parent is no longer this pid; ``None`` = never.
         engine_cls: ``"module:Class"`` of the engine (tests pass a fake).
         heartbeat_interval: seconds between heartbeats.
+        token: the handshake token; ``None``: ``PATERNOSTER_ENGINE_TOKEN``
+            (a local child), unset meaning none.
     Returns:
         Process exit code: 0 on clean shutdown, 1 on a startup or step failure.
     """
@@ -366,7 +369,7 @@ def run_engine(
     inputs = PullQueue(pull, MessageCodec(ToEngine))
     outputs = PushQueue(push, MessageCodec(FromEngine))
     engine = None
-    token = os.environ.get(TOKEN_ENV)
+    token = token if token is not None else os.environ.get(TOKEN_ENV)
     try:
         try:
             from paternoster.config import EngineConfig

@@ -167,12 +167,25 @@ def _add_hardening_args(parser: argparse.ArgumentParser) -> None:
         "--queue-timeout", type=_positive_float, default=None, metavar="S",
         help="abort a request with 503 when it waited S seconds for its first token",
     )  # fmt: skip
-    parser.add_argument_group("scale-out").add_argument(
+    scale = parser.add_argument_group("scale-out")
+    scale.add_argument(
         "--data-parallel-size", "-dp", type=_positive_int, default=1, metavar="N",
         help="run N engine processes (data parallel), each with its own KV cache and its "
              "own cores (CPU: pinned to disjoint cores; --num-threads is then per engine) "
              "or GPU (CUDA: engine i gets GPU i), behind this one server; requests go "
              "where their prompt prefix is cached, else to the least loaded engine (default 1)",
+    )  # fmt: skip
+    scale.add_argument(
+        "--distributed-executor-backend", choices=("mp", "ray"), default="mp",
+        help="mp: engines are local processes (default); ray: engines are Ray actors on an "
+             "existing Ray cluster (`ray start --head`, `ray start --address HEAD:6379`), "
+             "one placement-group bundle of --num-threads CPUs (default 1) each, spread "
+             "over the nodes, linked to this server over ZeroMQ tcp (README: Deployment)",
+    )  # fmt: skip
+    scale.add_argument(
+        "--ray-address", default=None, metavar="HOST:PORT",
+        help="the Ray cluster to join with --distributed-executor-backend ray "
+             "(default: RAY_ADDRESS, else the cluster running on this node)",
     )  # fmt: skip
     g.add_argument(
         "--restart-engine", action="store_true",
@@ -268,6 +281,8 @@ async def serve(args: argparse.Namespace) -> int:
             max_waiting_tokens=args.max_waiting_tokens,
             queue_timeout=args.queue_timeout,
             restart_engine=args.restart_engine,
+            distributed_executor_backend=args.distributed_executor_backend,
+            ray_address=args.ray_address,
         )
     except ValueError as e:
         logger.error("%s", e)
@@ -275,7 +290,9 @@ async def serve(args: argparse.Namespace) -> int:
     if client.num_engines > 1:
         for i, c in enumerate(client.engines):
             where = (f"CPUs {format_cpu_list(c.supervisor.config.cpus)}"
-                     if c.supervisor.config.cpus else str(c.supervisor.env or "unpinned"))
+                     if c.supervisor.config.cpus
+                     else "a Ray actor" if client.launcher is not None
+                     else str(c.supervisor.env or "unpinned"))  # fmt: skip
             logger.info("data parallel: engine %d of %d on %s", i, client.num_engines, where)
     # Load the tokenizer while the engine process loads the model.
     starting = asyncio.create_task(client.start())

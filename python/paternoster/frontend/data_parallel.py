@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from paternoster.frontend.admission import Admission, Reservation
 from paternoster.frontend.engine_client import EngineClient
 from paternoster.frontend.errors import EngineDeadError
 from paternoster.frontend.placement import place_engines
+from paternoster.frontend.ray_executor import RayLauncher
 from paternoster.frontend.router import (
     EngineLoad,
     NoEngineAvailableError,
@@ -46,12 +48,15 @@ class DataParallelClient:
         clients: one client per engine, not started, sharing one
             :class:`Admission` (:meth:`create` builds them).
         router: the routing policy (default: a :class:`Router` with its defaults).
+        launcher: the Ray launcher the clients share, closed (its placement
+            group released) on :meth:`shutdown`; ``None`` for local engines.
     Raises:
         ValueError: no clients, clients with admissions of their own, or a
             router for another number of engines.
     """
 
-    def __init__(self, clients: Sequence[EngineClient], router: Router | None = None):
+    def __init__(self, clients: Sequence[EngineClient], router: Router | None = None,
+                 launcher: RayLauncher | None = None):
         if not clients:
             raise ValueError("DataParallelClient needs at least one engine client")
         if len({id(c.admission) for c in clients}) != 1:
@@ -66,13 +71,16 @@ class DataParallelClient:
         self._owner: dict[str, int] = {}  # in-flight request id -> engine index
         self._restarts = [0] * len(clients)  # num_restarts the router has seen
         self._refusing: str | None = None
+        self.launcher = launcher
 
     @classmethod
     def create(cls, config: EngineConfig, data_parallel_size: int = 1,
                max_waiting_requests: int | None = None, max_waiting_tokens: int | None = None,
-               router: Router | None = None, **client_args: Any) -> DataParallelClient:  # fmt: skip
+               router: Router | None = None, distributed_executor_backend: str = "mp",
+               ray_address: str | None = None,
+               **client_args: Any) -> DataParallelClient:  # fmt: skip
         """``data_parallel_size`` engine clients placed on their own cores or
-        GPUs (:func:`~.placement.place_engines`).
+        GPUs (:func:`~.placement.place_engines`), or as Ray actors.
 
         Args:
             config: the engines' shared configuration.
@@ -81,15 +89,39 @@ class DataParallelClient:
                 as a whole).
             max_waiting_tokens: likewise.
             router: see the class.
+            distributed_executor_backend: ``"mp"``: local engine processes;
+                ``"ray"``: Ray actors on an existing cluster, one placement
+                group bundle each of ``num_threads`` CPUs (1 when auto) and,
+                for ``cuda``, one GPU (:mod:`.ray_executor`).
+            ray_address: the Ray cluster (``ray`` only; see
+                :func:`~.ray_executor.connect`).
             client_args: the other :class:`EngineClient` arguments.
         Raises:
-            ValueError: see :func:`~.placement.place_engines`; a bad limit.
+            ValueError: see :func:`~.placement.place_engines` and
+                :class:`~.ray_executor.RayLauncher`; a bad limit or backend.
         """
         admission = Admission(max_waiting_requests, max_waiting_tokens)
-        placements = place_engines(config, data_parallel_size)
-        clients = [EngineClient(p.config, admission=admission, engine_env=p.env, **client_args)
-                   for p in placements]  # fmt: skip
-        return cls(clients, router)
+        if distributed_executor_backend == "mp":
+            if ray_address is not None:
+                raise ValueError("--ray-address needs --distributed-executor-backend ray")
+            placements = place_engines(config, data_parallel_size)
+            clients = [EngineClient(p.config, admission=admission, engine_env=p.env,
+                                    index=i, **client_args)
+                       for i, p in enumerate(placements)]  # fmt: skip
+            return cls(clients, router)
+        if distributed_executor_backend != "ray":
+            raise ValueError(f"distributed_executor_backend must be 'mp' or 'ray', "
+                             f"got {distributed_executor_backend!r}")  # fmt: skip
+        if data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
+        num_cpus = config.num_threads or 1
+        engine_config = dataclasses.replace(config, num_threads=num_cpus, cpus=None)
+        num_gpus = 1 if config.model.device.startswith("cuda") else 0
+        launcher = RayLauncher(data_parallel_size, num_cpus, num_gpus, ray_address)
+        clients = [EngineClient(engine_config, admission=admission, launcher=launcher,
+                                index=i, **client_args)
+                   for i in range(data_parallel_size)]  # fmt: skip
+        return cls(clients, router, launcher)
 
     # ------------------------------------------------------------ state
 
@@ -178,6 +210,7 @@ class DataParallelClient:
                 "num_threads": c.info.get("num_threads"),
                 "cpus": list(c.supervisor.config.cpus or []) or None,
                 "env": dict(c.supervisor.env) or None,
+                **c.location,
                 "engine": c.stats,
             }
             for i, c in enumerate(self.engines)
@@ -219,6 +252,8 @@ class DataParallelClient:
     async def shutdown(self) -> None:
         """Shut every engine down (:meth:`EngineClient.shutdown`). Idempotent."""
         await asyncio.gather(*(c.shutdown() for c in self.engines))
+        if self.launcher is not None:
+            self.launcher.close()
 
     # --------------------------------------------------------- requests
 

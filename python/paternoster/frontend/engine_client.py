@@ -44,6 +44,7 @@ from paternoster.frontend.errors import (
     RequestRejectedError,
     TimelineUnavailableError,
 )
+from paternoster.frontend.launcher import EngineLauncher
 from paternoster.frontend.link import EngineLink
 from paternoster.frontend.supervisor import EngineSupervisor
 
@@ -78,6 +79,10 @@ class EngineClient:
             ``max_waiting_tokens`` (data-parallel engines share one, so the
             limits hold for the server as a whole).
         engine_env: environment variables added to the engine process's.
+        launcher: where the engine runs (default: a local process; a
+            :class:`~.ray_executor.RayLauncher` places it as a Ray actor and
+            the link goes over tcp).
+        index: the engine's data-parallel index (for the launcher).
     Raises:
         ValueError: a limit or timeout <= 0, naming it.
     """
@@ -97,6 +102,8 @@ class EngineClient:
         restart_engine: bool = False,
         admission: Admission | None = None,
         engine_env: dict[str, str] | None = None,
+        launcher: EngineLauncher | None = None,
+        index: int = 0,
     ):
         if queue_timeout is not None and queue_timeout <= 0:
             raise ValueError(
@@ -114,7 +121,7 @@ class EngineClient:
         self.supervisor = EngineSupervisor(
             config, self.link, secrets.token_hex(16), self._fail_all, engine_cls,
             startup_timeout, stall_timeout, step_timeout, heartbeat_interval, log_level,
-            restart_engine, engine_env,
+            restart_engine, engine_env, launcher, index,
         )  # fmt: skip
         self.stats: dict = {}
         self._stats_time = float("-inf")  # engine's time.monotonic() of self.stats
@@ -146,9 +153,17 @@ class EngineClient:
 
     @property
     def pid(self) -> int | None:
-        """The engine process id (``None`` before :meth:`start`)."""
+        """The engine process id (``None`` before :meth:`start`; on its own
+        node for a Ray actor)."""
         proc = self.supervisor.proc
         return proc.pid if proc else None
+
+    @property
+    def location(self) -> dict:
+        """Where the engine runs beyond this machine (a Ray actor's name, node
+        IP and id); empty for a local process."""
+        proc = self.supervisor.proc
+        return proc.location() if proc else {}
 
     @property
     def is_alive(self) -> bool:
@@ -191,7 +206,7 @@ class EngineClient:
         Raises:
             EngineStartupError: see :meth:`EngineSupervisor.start`.
         """
-        self.link.bind()
+        self.link.bind(self.supervisor.launcher.bind_host)
         try:
             info = await self.supervisor.start()
         except BaseException:

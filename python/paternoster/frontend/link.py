@@ -1,6 +1,8 @@
 """The frontend's end of the ZeroMQ link to one engine process.
 
-Two ``ipc://`` sockets in a private temp dir: a PUSH the frontend sends
+Two sockets, ``ipc://`` in a private temp dir (a local engine process) or
+``tcp://`` on one of this node's IP addresses (a Ray actor on another node,
+same messages): a PUSH the frontend sends
 :data:`~paternoster.engine.messages.ToEngine` messages on and a PULL it
 receives :data:`~paternoster.engine.messages.FromEngine` messages from (the
 engine process connects to both). A message is encoded when it is sent
@@ -55,23 +57,33 @@ class EngineLink:
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
 
-    def bind(self) -> tuple[str, str]:
-        """Create the private socket dir and bind both sockets.
+    def bind(self, host: str | None = None) -> tuple[str, str]:
+        """Bind both sockets: in a private socket dir, or on ``host``'s tcp
+        ports chosen by the system.
 
+        Args:
+            host: an IP address of this machine to bind tcp sockets on (the
+                engines connect from other nodes); ``None``: ``ipc://``.
         Returns:
             ``(input address, output address)``: where the engine PULLs its
             inputs from and PUSHes its outputs to.
+        Raises:
+            zmq.ZMQError: ``host`` is not an address of this machine.
         """
-        self._tmpdir = tempfile.mkdtemp(prefix="paternoster-")
-        self.input_address = f"ipc://{self._tmpdir}/in"
-        self.output_address = f"ipc://{self._tmpdir}/out"
         self._ctx = zmq.asyncio.Context()
         push = self._ctx.socket(zmq.PUSH)
         pull = self._ctx.socket(zmq.PULL)
         push.setsockopt(zmq.LINGER, 0)
         pull.setsockopt(zmq.LINGER, 0)
-        push.bind(self.input_address)
-        pull.bind(self.output_address)
+        if host is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="paternoster-")
+            push.bind(f"ipc://{self._tmpdir}/in")
+            pull.bind(f"ipc://{self._tmpdir}/out")
+        else:
+            push.bind(f"tcp://{host}:*")
+            pull.bind(f"tcp://{host}:*")
+        self.input_address = push.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.output_address = pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self._push = AsyncPushQueue(push, MessageCodec(ToEngine))
         self._pull = AsyncPullQueue(pull, MessageCodec(FromEngine))
         return self.input_address, self.output_address

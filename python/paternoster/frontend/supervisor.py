@@ -18,36 +18,37 @@ The watchdog (every 50 ms) tells four states apart:
 - **restarting** (``restart_engine``): a dead engine is replaced, retried
   with a backoff of 1, 2, 4 ... 30 s while the new one fails to start.
 
-The config handshake carries a random token (passed to the child in the
-``PATERNOSTER_ENGINE_TOKEN`` environment variable, never on the command line):
+The config handshake carries a random token (passed to a local child in the
+``PATERNOSTER_ENGINE_TOKEN`` environment variable, never on the command line;
+to a Ray actor as an argument of its ``run`` call, over Ray's own channel):
 the engine ignores a ``Config`` without it and the frontend a ``Ready``
-without it, so another local process cannot pose as either side.
+without it, so another process cannot pose as either side.
+
+Where the engine runs is the :class:`~.launcher.EngineLauncher`'s business:
+a local process (default) or a Ray actor on another node; the watchdog sees
+both through an :class:`~.launcher.EngineHandle`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from paternoster.config import EngineConfig
 from paternoster.engine.messages import Config, Ready, StartupError
 from paternoster.frontend.errors import EngineStartupError
+from paternoster.frontend.launcher import EngineHandle, EngineLauncher, LocalLauncher
 from paternoster.frontend.link import EngineLink
 
 logger = logging.getLogger("paternoster.frontend")
 
 WATCHDOG_PERIOD_S = 0.05
-TOKEN_ENV = "PATERNOSTER_ENGINE_TOKEN"
 
 
 class EngineSupervisor:
-    """Runs one engine process behind an :class:`EngineLink`.
+    """Runs one engine (a process or a Ray actor) behind an :class:`EngineLink`.
 
     Args:
         config: the engine's configuration (sent in the ``Config`` message).
@@ -65,6 +66,8 @@ class EngineSupervisor:
         restart_engine: replace a dead engine with a new process.
         env: environment variables added to the process's (a data-parallel
             engine's ``CUDA_VISIBLE_DEVICES``).
+        launcher: starts the engine (default: a :class:`LocalLauncher`).
+        index: the engine's data-parallel index (for the launcher).
     Raises:
         ValueError: a timeout <= 0, naming it.
     """
@@ -73,7 +76,8 @@ class EngineSupervisor:
                  on_dead: Callable[[str], None], engine_cls: str, startup_timeout: float,
                  stall_timeout: float, step_timeout: float | None, heartbeat_interval: float,
                  log_level: str, restart_engine: bool,
-                 env: dict[str, str] | None = None):  # fmt: skip
+                 env: dict[str, str] | None = None, launcher: EngineLauncher | None = None,
+                 index: int = 0):  # fmt: skip
         for name, value in (("stall_timeout", stall_timeout), ("step_timeout", step_timeout),
                             ("startup_timeout", startup_timeout)):  # fmt: skip
             if value is not None and value <= 0:
@@ -90,13 +94,15 @@ class EngineSupervisor:
         self.log_level = log_level
         self.restart_engine = restart_engine
         self.env = dict(env or {})
+        self.launcher = launcher if launcher is not None else LocalLauncher()
+        self.index = index
         self.info: dict = {}
         self.dead_reason: str | None = None
         self.stalled_since: float | None = None  # monotonic s of the last message, while stalled
         self.step_started: float | None = None  # time.time() of the running step
         self.restarting = False
         self.num_restarts = 0
-        self.proc: subprocess.Popen | None = None
+        self.proc: EngineHandle | None = None
         self._ready_waiter: asyncio.Future | None = None
 
     @property
@@ -134,8 +140,8 @@ class EngineSupervisor:
                     await asyncio.wait({handshake}, timeout=1.0)
                     if not handshake.done():
                         raise EngineStartupError(
-                            f"engine process exited with code {self.proc.returncode} "
-                            "before it was ready (see its log above)"
+                            f"{self.proc.exit_message()} before it was ready "
+                            "(see its log above)"
                         )
                 elif time.monotonic() > deadline:
                     raise EngineStartupError(
@@ -162,18 +168,11 @@ class EngineSupervisor:
                 return dict(msg.info)
             raise EngineStartupError(f"engine failed to start: {msg.error}")
 
-    def _spawn(self) -> subprocess.Popen:
-        """Start an engine process connecting to the link's two sockets."""
-        return subprocess.Popen(
-            [
-                sys.executable, "-m", "paternoster.engine.process",
-                "--input", self.link.input_address, "--output", self.link.output_address,
-                "--parent-pid", str(os.getpid()),
-                "--engine-cls", self.engine_cls,
-                "--heartbeat-interval", str(self.heartbeat_interval),
-                "--log-level", self.log_level,
-            ],
-            env=_child_env(self.token, self.env),
+    def _spawn(self) -> EngineHandle:
+        """Start an engine connecting to the link's two sockets."""
+        return self.launcher.launch(
+            self.index, self.link.input_address, self.link.output_address, self.token,
+            self.engine_cls, self.heartbeat_interval, self.log_level, self.env,
         )  # fmt: skip
 
     async def stop(self, kill: bool) -> None:
@@ -181,14 +180,16 @@ class EngineSupervisor:
         ``kill``, or after those 5 s) and reap it."""
         if self.proc is None:
             return
-        if kill and self.proc.poll() is None:
+        if kill:
             self.proc.kill()
         deadline = time.monotonic() + 5.0
         while self.proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait()
+            deadline = time.monotonic() + 10.0  # a Ray node may be gone unreachable
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
 
     def mark_dead(self, reason: str) -> None:
         """Declare the engine dead (once) and tell ``on_dead``."""
@@ -217,9 +218,8 @@ class EngineSupervisor:
 
     def _check(self) -> None:
         """One look at the process: exited, stalled, recovered, or a step too long."""
-        code = self.proc.poll()
-        if code is not None:
-            self.mark_dead(f"engine process exited with code {code}")
+        if self.proc.poll() is not None:
+            self.mark_dead(self.proc.exit_message())
             return
         silent = time.monotonic() - self.link.last_seen
         if silent > self.stall_timeout:
@@ -252,8 +252,7 @@ class EngineSupervisor:
         self.restarting = True
         logger.warning("restarting the engine after: %s", self.dead_reason)
         try:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            self.proc.kill()
             while self.proc.poll() is None:
                 await asyncio.sleep(WATCHDOG_PERIOD_S)
             self.link.clear_outbox()  # meant for the dead engine
@@ -268,8 +267,7 @@ class EngineSupervisor:
             self.info = self._ready_waiter.result()
         except EngineStartupError as e:
             logger.error("engine restart failed: %s", e)
-            if self.proc.poll() is None:
-                self.proc.kill()
+            self.proc.kill()
             return False
         finally:
             self._ready_waiter = None
@@ -278,7 +276,7 @@ class EngineSupervisor:
         self.num_restarts += 1
         self.dead_reason = None
         self.step_started = None
-        logger.warning("engine restarted (pid %d)", self.proc.pid)
+        logger.warning("engine restarted (pid %s)", self.proc.pid)
         return True
 
     def on_handshake(self, msg: Ready | StartupError) -> None:
@@ -292,13 +290,3 @@ class EngineSupervisor:
         else:
             waiter.set_exception(EngineStartupError(f"engine failed to start: {msg.error}"))
 
-
-def _child_env(token: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Our environment plus ``extra``, with this package importable in the
-    child and the handshake ``token`` in ``PATERNOSTER_ENGINE_TOKEN``."""
-    env = {**os.environ, **(extra or {})}
-    env[TOKEN_ENV] = token
-    root = str(Path(__file__).resolve().parents[2])  # the dir holding paternoster/
-    parts = [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
-    return env
