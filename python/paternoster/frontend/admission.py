@@ -189,3 +189,31 @@ class Admission:
     def is_waiting(self, request_id: str) -> bool:
         """True while ``request_id`` waits for its first output."""
         return request_id in self.waiting
+
+
+class AdmissionCounts:
+    """The waiting and reserved counts an engine client reports, read from
+    its :class:`Admission` (``self.admission``; one per server, shared by the
+    engines of a data-parallel client)."""
+
+    admission: Admission
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests sent to an engine that have not had their first output yet."""
+        return len(self.admission.waiting)
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        """Prompt tokens of the waiting requests."""
+        return self.admission.waiting_tokens
+
+    @property
+    def num_reserved(self) -> int:
+        """Requests admitted and not sent yet (nor released)."""
+        return self.admission.reserved_requests
+
+    @property
+    def num_reserved_tokens(self) -> int:
+        """Prompt tokens of the reserved requests."""
+        return self.admission.reserved_tokens

@@ -24,7 +24,7 @@ from typing import Any
 
 from paternoster.config import EngineConfig
 from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
-from paternoster.frontend.admission import Admission, Reservation
+from paternoster.frontend.admission import Admission, AdmissionCounts, Reservation
 from paternoster.frontend.engine_client import EngineClient
 from paternoster.frontend.errors import EngineDeadError
 from paternoster.frontend.placement import place_engines
@@ -41,7 +41,7 @@ from paternoster.frontend.router import (
 _FRACTIONS = ("kv_cache_usage", "state_slot_usage")
 
 
-class DataParallelClient:
+class DataParallelClient(AdmissionCounts):
     """Routes requests over several :class:`EngineClient` s.
 
     Args:
@@ -342,26 +342,6 @@ class DataParallelClient:
     def num_in_flight(self) -> int:
         """Requests whose outputs are still awaited, all engines."""
         return sum(c.num_in_flight for c in self.engines)
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests sent that have not had their first output yet, all engines."""
-        return len(self.admission.waiting)
-
-    @property
-    def num_waiting_tokens(self) -> int:
-        """Prompt tokens of the waiting requests."""
-        return self.admission.waiting_tokens
-
-    @property
-    def num_reserved(self) -> int:
-        """Requests admitted and not sent yet (nor released)."""
-        return self.admission.reserved_requests
-
-    @property
-    def num_reserved_tokens(self) -> int:
-        """Prompt tokens of the reserved requests."""
-        return self.admission.reserved_tokens
 
     # ------------------------------------------------------ control calls
 

@@ -37,7 +37,7 @@ from paternoster.engine.messages import (
     TimelineReply,
 )
 from paternoster.engine.process import DEFAULT_ENGINE_CLS, DEFAULT_HEARTBEAT_INTERVAL
-from paternoster.frontend.admission import Admission, Reservation
+from paternoster.frontend.admission import Admission, AdmissionCounts, Reservation
 from paternoster.frontend.errors import (
     EngineDeadError,
     EngineOverloadedError,
@@ -51,7 +51,7 @@ from paternoster.frontend.supervisor import EngineSupervisor
 logger = logging.getLogger("paternoster.frontend")
 
 
-class EngineClient:
+class EngineClient(AdmissionCounts):
     """Runs the engine process and multiplexes requests over its link.
 
     Args:
@@ -327,26 +327,6 @@ class EngineClient:
     def num_in_flight(self) -> int:
         """Requests whose outputs are still awaited."""
         return len(self._queues)
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests sent to the engine that have not had their first output yet."""
-        return len(self.admission.waiting)
-
-    @property
-    def num_waiting_tokens(self) -> int:
-        """Prompt tokens of the waiting requests."""
-        return self.admission.waiting_tokens
-
-    @property
-    def num_reserved(self) -> int:
-        """Requests admitted and not sent yet (nor released)."""
-        return self.admission.reserved_requests
-
-    @property
-    def num_reserved_tokens(self) -> int:
-        """Prompt tokens of the reserved requests."""
-        return self.admission.reserved_tokens
 
     # ------------------------------------------------------ control calls
 
