@@ -290,6 +290,8 @@ class EngineLoop:
             else:
                 reply = ResetPrefixCacheReply(id=msg.id, num_blocks=int(reset()))
             self._put(reply)
+        elif isinstance(msg, Config):  # a restart's resent handshake: the first one counted
+            logger.debug("ignoring a repeated Config")
         else:
             logger.error("dropping an unexpected %s message", type(msg).__name__)
 

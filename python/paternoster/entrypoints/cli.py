@@ -30,6 +30,7 @@ from paternoster.entrypoints.engine_args import (
     add_engine_args,
     build_engine_config,
     parse_bytes,
+    positive_int,
     resolve_model_dir,
 )
 
@@ -96,7 +97,7 @@ def make_parser() -> argparse.ArgumentParser:
              "it off",
     )  # fmt: skip
     # tests: slow-client handling with small queues and short timeouts
-    g.add_argument("--zmq-sndhwm", type=_positive_int, default=None, help=argparse.SUPPRESS)
+    g.add_argument("--zmq-sndhwm", type=positive_int, default=None, help=argparse.SUPPRESS)
     g.add_argument("--zmq-slow-client-timeout", type=_positive_float, default=None,
                    help=argparse.SUPPRESS)  # fmt: skip
     g.add_argument("--engine-cls", default=None, help=argparse.SUPPRESS)  # tests: a fake engine
@@ -121,11 +122,6 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _positive_float(text: str) -> float:
@@ -150,17 +146,17 @@ def _add_hardening_args(parser: argparse.ArgumentParser) -> None:
         "--max-request-body-bytes", type=parse_bytes, default=16 * 1024**2, metavar="BYTES",
         help="larger request bodies get 413 (default 16MiB)",
     )  # fmt: skip
-    g.add_argument("--max-n", type=_positive_int, default=MAX_N,
+    g.add_argument("--max-n", type=positive_int, default=MAX_N,
                    help=f"largest n per request (at most {MAX_N})")  # fmt: skip
     g.add_argument("--max-stop-sequences", type=int, default=DEFAULT_MAX_STOP,
                    help="most stop strings per request")  # fmt: skip
     g.add_argument(
-        "--max-waiting-requests", type=_positive_int, default=None, metavar="N",
+        "--max-waiting-requests", type=positive_int, default=None, metavar="N",
         help="at most N requests waiting for their first token; beyond, 503 with "
              "Retry-After (default: unbounded)",
     )  # fmt: skip
     g.add_argument(
-        "--max-waiting-tokens", type=_positive_int, default=None, metavar="N",
+        "--max-waiting-tokens", type=positive_int, default=None, metavar="N",
         help="at most N prompt tokens waiting; beyond, 503 with Retry-After (default: unbounded)",
     )  # fmt: skip
     g.add_argument(
@@ -169,7 +165,7 @@ def _add_hardening_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     scale = parser.add_argument_group("scale-out")
     scale.add_argument(
-        "--data-parallel-size", "-dp", type=_positive_int, default=1, metavar="N",
+        "--data-parallel-size", "-dp", type=positive_int, default=1, metavar="N",
         help="run N engine processes (data parallel), each with its own KV cache and its "
              "own cores (CPU: pinned to disjoint cores; --num-threads is then per engine) "
              "or GPU (CUDA: engine i gets GPU i), behind this one server; requests go "

@@ -119,6 +119,9 @@ def build_engine_config(
         ValueError: a value out of range (the message names it), or
             ``tensor_parallel_size`` other than 1.
     """
+    if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size must be an integer >= 1, got "
+                         f"{tensor_parallel_size!r}")  # fmt: skip
     if tensor_parallel_size != 1:
         raise ValueError(
             f"tensor_parallel_size={tensor_parallel_size}: tensor parallel serving is not wired "
@@ -203,6 +206,21 @@ def parse_scheduler_config(value: dict | str | None) -> dict:
     return parsed
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1.
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or below 1.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add the engine flags (``--dtype``, ``--block-size``, ...) to ``parser``;
     their dests are :data:`ENGINE_ARG_NAMES`."""
@@ -242,7 +260,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
-        "--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+        "--tensor-parallel-size", "-tp", type=positive_int, default=1, metavar="N",
         help="split the model over N ranks (only 1 is served yet: see docs/tensor_parallel.md)",
     )  # fmt: skip
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")

@@ -53,6 +53,9 @@ class LLM:
         from paternoster.engine.core import EngineCore
         from paternoster.model.loader import load_tokenizer
 
+        if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be an integer >= 1, got "
+                             f"{data_parallel_size!r}")  # fmt: skip
         if data_parallel_size != 1:
             raise ValueError(
                 f"data_parallel_size={data_parallel_size}: the offline LLM runs one engine "

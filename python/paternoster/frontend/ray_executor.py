@@ -222,7 +222,8 @@ class RayLauncher:
             raise ValueError(
                 f"the Ray cluster has no room for {num_engines} engine(s) of {bundle} "
                 f"({strategy}) after {placement_timeout:.0f} s: it has "
-                f"{ray.available_resources()} free; add nodes or lower --num-threads"
+                f"{ray.available_resources()} free; add nodes, or lower --data-parallel-size or "
+                "--num-threads"
             ) from None
         logger.info("Ray placement group: %d bundle(s) of %s (%s)", num_engines, bundle,
                     strategy)  # fmt: skip

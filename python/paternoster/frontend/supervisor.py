@@ -47,6 +47,9 @@ logger = logging.getLogger("paternoster.frontend")
 WATCHDOG_PERIOD_S = 0.05
 
 
+#: Seconds between resends of a restarted engine's Config until it is ready.
+CONFIG_RESEND_S = 1.0
+
 class EngineSupervisor:
     """Runs one engine (a process or a Ray actor) behind an :class:`EngineLink`.
 
@@ -258,12 +261,20 @@ class EngineSupervisor:
             self.link.clear_outbox()  # meant for the dead engine
             self.proc = self._spawn()
             self._ready_waiter = asyncio.get_running_loop().create_future()
-            self.link.send(Config(config=self.config.to_dict(), token=self.token))
+            config = Config(config=self.config.to_dict(), token=self.token)
+            self.link.send(config)
             deadline = time.monotonic() + self.startup_timeout
+            resend = time.monotonic() + CONFIG_RESEND_S
             while not self._ready_waiter.done():
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise EngineStartupError("the new engine process did not become ready")
                 await asyncio.wait({self._ready_waiter}, timeout=WATCHDOG_PERIOD_S)
+                if time.monotonic() > resend and not self._ready_waiter.done():
+                    # Over tcp the dead engine's connection may not be closed yet when
+                    # its death is known, and the PUSH socket may hand it the Config:
+                    # send it again until the new engine answers (it takes the first).
+                    self.link.send(config)
+                    resend = time.monotonic() + CONFIG_RESEND_S
             self.info = self._ready_waiter.result()
         except EngineStartupError as e:
             logger.error("engine restart failed: %s", e)
