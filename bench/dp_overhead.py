@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--model", default=None, help="tokenizer dir (default: the default model)")
     args = ap.parse_args(argv)
-    from paternoster.entrypoints.cli import resolve_model_dir
+    from paternoster.entrypoints.engine_args import resolve_model_dir
 
     os.environ.setdefault("PATERNOSTER_NUM_THREADS", "1")
     model_dir = resolve_model_dir(args.model)

@@ -36,19 +36,21 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from paternoster.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+)
+from paternoster.entrypoints.openai.protocol_outputs import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionChoice,
-    CompletionRequest,
     CompletionResponse,
     CompletionStreamResponse,
     DeltaMessage,
-    ModelCard,
-    ModelList,
     UsageInfo,
 )
 from paternoster.frontend.detokenizer import IncrementalDetokenizer, StopStringMatcher

@@ -4,6 +4,7 @@ run ``paternoster bench capacity`` against it, stop it (its whole process group)
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: The CPU-sized mix of docs/benchmarks.md (prompts <= 1024 tokens).
 CPU_MIX = "short=0.6:16-256:8-64,summary=0.3:256-1024:64-256,long_gen=0.1:16-128:256-512"
@@ -128,6 +130,30 @@ class CapacityPlan:
             "--max-model-len", str(max_model_len),
             "--no-progress", "--json", str(out_json),
         ]  # fmt: skip
+
+
+def add_plan_args(group: argparse._ActionsContainer) -> None:
+    """The search flags every capacity comparison shares (:class:`CapacityPlan`'s
+    fields: ``--start`` ... ``--request-timeout``), with its defaults."""
+    plan = CapacityPlan()
+    group.add_argument("--start", type=float, default=plan.start, help="first rate (req/s)")
+    group.add_argument("--probe-duration", type=float, default=plan.probe_duration, metavar="S")
+    group.add_argument("--probe-requests", type=int, default=plan.probe_requests)
+    group.add_argument("--max-duration", type=float, default=plan.max_duration,
+                       help="seconds per search")  # fmt: skip
+    group.add_argument("--bisect-rounds", type=int, default=plan.bisect_rounds)
+    group.add_argument("--warmup", type=int, default=plan.warmup, help="warm-up requests")
+    group.add_argument("--request-timeout", type=float, default=plan.request_timeout)
+
+
+def plan_from_args(args: argparse.Namespace, **fields: Any) -> CapacityPlan:
+    """A :class:`CapacityPlan` from :func:`add_plan_args`' flags, plus ``fields``."""
+    return CapacityPlan(
+        start=args.start, probe_duration=args.probe_duration,
+        probe_requests=args.probe_requests, max_duration=args.max_duration,
+        bisect_rounds=args.bisect_rounds, warmup=args.warmup,
+        request_timeout=args.request_timeout, **fields,
+    )  # fmt: skip
 
 
 def run_capacity(plan: CapacityPlan, url: str, max_model_len: int, out_json: Path) -> dict:

@@ -145,15 +145,7 @@ def cmd_decode(args: argparse.Namespace) -> str:
 
 def capacity_plan(args: argparse.Namespace) -> peer_servers.CapacityPlan:
     """The search settings from the command line (the same for both servers)."""
-    return peer_servers.CapacityPlan(
-        start=args.start,
-        probe_duration=args.probe_duration,
-        probe_requests=args.probe_requests,
-        max_duration=args.max_duration,
-        bisect_rounds=args.bisect_rounds,
-        warmup=args.warmup,
-        request_timeout=args.request_timeout,
-    )
+    return peer_servers.plan_from_args(args)
 
 
 def capacity_table(searches: dict[str, dict]) -> str:
@@ -242,15 +234,7 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 
 def _add_capacity_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("capacity")
-    plan = peer_servers.CapacityPlan()
-    g.add_argument("--start", type=float, default=plan.start, help="first rate (req/s)")
-    g.add_argument("--probe-duration", type=float, default=plan.probe_duration, metavar="S")
-    g.add_argument("--probe-requests", type=int, default=plan.probe_requests)
-    g.add_argument("--max-duration", type=float, default=plan.max_duration,
-                   help="seconds per server's search")  # fmt: skip
-    g.add_argument("--bisect-rounds", type=int, default=plan.bisect_rounds)
-    g.add_argument("--warmup", type=int, default=plan.warmup, help="warm-up requests")
-    g.add_argument("--request-timeout", type=float, default=plan.request_timeout)
+    peer_servers.add_plan_args(g)
     g.add_argument("--slots", type=int, default=16, help="llama-server -np")
     g.add_argument("--slot-ctx", type=int, default=2048, help="context per slot (tokens)")
     g.add_argument("--llama-threads", type=int, default=2, help="llama-server -t/-tb")

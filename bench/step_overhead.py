@@ -21,7 +21,7 @@ from paternoster.config import CacheConfig, EngineConfig, ModelConfig, Scheduler
 from paternoster.engine.core import EngineCore
 from paternoster.engine.messages import EngineCoreRequest
 from paternoster.sampling_params import SamplingParams
-from paternoster.simulate.cost_model import CostModel
+from paternoster.scheduling.cost_model import CostModel
 from paternoster.simulate.runner import CostModelRunner, SimClock
 
 

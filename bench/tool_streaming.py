@@ -84,7 +84,7 @@ def long_call(name: str) -> str | None:
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from paternoster.entrypoints.cli import resolve_model_dir
+    from paternoster.entrypoints.engine_args import resolve_model_dir
     from paternoster.tool_parsers import BUILTIN_TOOL_PARSERS, get_tool_parser
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(None))

@@ -167,6 +167,16 @@ class EngineConfig:
     ``cpus``: CPUs the engine process pins itself to (``None``: the engine
     decides). Set by the frontend for data-parallel engines, each on cores of
     its own, together with their ``num_threads``.
+
+    ``tensor_parallel_size``: ranks the model is split over (1: no split).
+    Above 1 the engine is rank 0 and starts the other ranks as worker
+    processes (CPU only, gloo; docs/tensor_parallel.md); ``num_threads`` is
+    then each rank's count (0 = auto: the usable cores split between the
+    ranks).
+
+    ``rank_threads``: each tensor-parallel rank's ``(num_threads, cpus)``,
+    rank 0 first, ``cpus`` empty for a rank left unpinned; ``None`` until the
+    engine resolves them (:func:`paternoster.engine.tensor_parallel.plan_ranks`).
     """
 
     model: ModelConfig
@@ -176,10 +186,28 @@ class EngineConfig:
     num_threads: int = 0
     seed: int = 0
     cpus: tuple[int, ...] | None = None
+    tensor_parallel_size: int = 1
+    rank_threads: tuple[tuple[int, tuple[int, ...]], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.cpus is not None and (not self.cpus or min(self.cpus) < 0):
             raise ValueError(f"cpus must be a non-empty list of CPU numbers, got {self.cpus}")
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
+        if tp > 1:
+            m = self.model
+            why = ("device must be 'cpu' (gloo; NCCL/CUDA is not wired)" if m.device != "cpu"
+                   else "load_format 'dummy' is not supported (ranks load shards of "
+                   "safetensors)" if m.load_format == "dummy"
+                   else "batch_invariant is not supported" if m.batch_invariant
+                   else "cpus (a data-parallel engine's) are not supported: tensor parallel "
+                   "runs with --data-parallel-size 1" if self.cpus is not None else None)
+            if why is not None:
+                raise ValueError(f"tensor_parallel_size={tp}: {why}")
+        if self.rank_threads is not None and len(self.rank_threads) != tp:
+            raise ValueError(f"rank_threads must have tensor_parallel_size={tp} entries, got "
+                             f"{len(self.rank_threads)}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -194,4 +222,7 @@ class EngineConfig:
             num_threads=int(d.get("num_threads", 0)),
             seed=int(d.get("seed", 0)),
             cpus=None if d.get("cpus") is None else tuple(int(c) for c in d["cpus"]),
+            tensor_parallel_size=int(d.get("tensor_parallel_size", 1)),
+            rank_threads=None if d.get("rank_threads") is None else tuple(
+                (int(n), tuple(int(c) for c in cpus)) for n, cpus in d["rank_threads"]),
         )

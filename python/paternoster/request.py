@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,9 +69,15 @@ class Request:
             minus ``arrival_time``.
         cache_salt: prefix-cache isolation: its blocks are shared only with
             requests of the same salt (``None``: no salt).
+        tenant: who the request is served for (the OpenAI ``user`` field or
+            the ``X-Tenant-Id`` header); the ``fair`` scheduler shares the
+            engine between tenants. ``None``: the one anonymous tenant.
         grammar: its structured-output state
             (:class:`~paternoster.structured_outputs.GrammarState`, set by the
             engine when ``sampling_params.structured_outputs`` is), or None.
+        slo_ttft_s: its own time-to-first-token target in seconds (the ``slo``
+            scheduler; ``None``: the policy's default or its priority class's).
+        slo_itl_s: its own inter-token latency target in seconds (likewise).
     """
 
     request_id: str
@@ -90,6 +97,9 @@ class Request:
     first_scheduled_time: float | None = None
     cache_salt: str | None = None
     grammar: Any = None
+    tenant: str | None = None
+    slo_ttft_s: float | None = None
+    slo_itl_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.sampling_params.seed is not None:
@@ -120,3 +130,18 @@ class Request:
     @property
     def finish_reason(self) -> str | None:
         return RequestStatus.finish_reason(self.status)
+
+
+def check_slo_target(value: object, name: str) -> float | None:
+    """A request's latency target (``slo_ttft_s``, ``slo_itl_s``): ``None`` or
+    a finite number of seconds > 0, as a float.
+
+    Raises:
+        ValueError: anything else (a bool included), naming ``name``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+

@@ -16,7 +16,7 @@ from tests.metrics.timeline_utils import make_engine, write_tiny_model
 
 from .conftest import make_request
 
-SCHEDULERS = ["fcfs", "chunked_prefill", "priority", "static"]
+SCHEDULERS = ["fcfs", "chunked_prefill", "priority", "static", "fair"]
 MAX_STEPS = 500
 
 
@@ -110,7 +110,7 @@ def test_abort_running_request_mid_decode(model_dir, scheduler):
     _assert_nothing_left(engine)
 
 
-@pytest.mark.parametrize("scheduler", ["fcfs", "chunked_prefill", "priority"])
+@pytest.mark.parametrize("scheduler", ["fcfs", "chunked_prefill", "priority", "fair"])
 def test_abort_preempted_request(model_dir, scheduler):
     # 12 blocks of 4 tokens: four requests of 8 + 20 tokens cannot all stay.
     engine = make_engine(model_dir, scheduler=scheduler, num_kv_blocks=12)

@@ -22,3 +22,14 @@ def server(default_model_path):
         str(default_model_path), "--num-kv-blocks", "512", "--max-model-len", "2048"
     ) as srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def tiny_tp_model(default_model_path, tmp_path_factory):
+    """A tiny random Llama (odd vocabulary, biases, untied head; sharp
+    logits) with the default model's tokenizer, and the HF model itself: the
+    tensor-parallel serving tests' checkpoint and independent reference."""
+    from tests.model.tiny_checkpoints import tiny_checkpoint
+
+    path = tmp_path_factory.mktemp("tiny-tp")
+    return path, tiny_checkpoint("llama", path, sharp=True, tokenizer_from=default_model_path)

@@ -132,6 +132,46 @@ def test_bad_words_hold_offline(llm):
     assert banned.outputs[0].token_ids[0] != ids[0]
 
 
-def test_data_parallel_is_refused_offline_with_a_clear_error():
-    with pytest.raises(ValueError, match="data_parallel_size=2.*--data-parallel-size"):
-        LLM(None, data_parallel_size=2)
+def test_tenant_reaches_the_engine_requests(llm, monkeypatch):
+    seen = []
+    add = llm.engine.scheduler.add_request
+    monkeypatch.setattr(llm.engine.scheduler, "add_request",
+                        lambda r: (seen.append(r.tenant), add(r))[1])  # fmt: skip
+    one = SamplingParams(max_tokens=1)
+    llm.generate(["a", "b", "c"], one, tenant=["x", None, "y"])
+    llm.generate("a", one, tenant="z")
+    llm.generate("a", one)
+    assert seen == ["x", None, "y", "z", None]
+    _assert_idle(llm)
+
+
+def test_bad_tenant_is_a_value_error_naming_it(llm):
+    with pytest.raises(ValueError, match="got 1 tenants for 2 prompts"):
+        llm.generate(["a", "b"], tenant=["x"])
+    with pytest.raises(ValueError, match="tenant must be a non-empty string"):
+        llm.generate("a", tenant="")
+    with pytest.raises(ValueError, match="tenant must be at most 256 characters"):
+        llm.generate("a", tenant="t" * 257)
+    _assert_idle(llm)
+
+
+def test_slo_targets_reach_the_slo_scheduler(default_model_path):
+    """Per-prompt slo_ttft_s: the 1 ms target cannot be met, so load shedding
+    refuses it (ValueError with the reason); a reachable one is served."""
+    slo = LLM(str(default_model_path), num_kv_blocks=64, max_model_len=256, scheduler="slo",
+              scheduler_config={"load_shedding": True, "ttft_s": 60.0})  # fmt: skip
+    [out] = slo.generate("Hello", GREEDY, slo_ttft_s=30.0, slo_itl_s=10.0)
+    assert out.outputs[0].token_ids
+    with pytest.raises(ValueError, match="TTFT target"):
+        slo.generate(["Hello", "Hi"], GREEDY, slo_ttft_s=[None, 0.001])
+    _assert_idle(slo)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"slo_ttft_s": 0}, "slo_ttft_s"), ({"slo_itl_s": -1}, "slo_itl_s"),
+    ({"slo_ttft_s": [1.0]}, "1 slo_ttft_s values for 2 prompts"),
+    ({"slo_itl_s": True}, "slo_itl_s"),
+])  # fmt: skip
+def test_bad_slo_targets_are_named(llm, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        llm.generate(["a", "b"], GREEDY, **kwargs)

@@ -81,6 +81,9 @@ def test_shared_long_prefix_stays_on_one_engine_and_hits_its_cache(dp_server):
 
 
 def test_metrics_health_and_stats_show_each_engine(dp_server):
+    for i in range(2):  # an idle server spreads unrelated prompts round-robin: one each
+        body = {"prompt": [300 + i] * 5, "max_tokens": 2}
+        assert httpx.post(dp_server.url + "/v1/completions", json=body, timeout=60).is_success
     samples = scrape(dp_server.url)
     for engine in ("0", "1"):
         assert ("paternoster:num_requests_running", (("engine", engine),)) in samples

@@ -175,3 +175,18 @@ def test_bad_arguments_are_refused():
         Router(2).route([], [IDLE])
     with pytest.raises(ValueError, match="engine must be in"):
         Router(2).record([1], 2)
+    with pytest.raises(ValueError, match="policy must be one of affinity, round_robin"):
+        Router(2, policy="random")
+
+
+def test_round_robin_rotates_over_available_engines_whatever_the_prefix_and_load():
+    r = Router(3, policy="round_robin")
+    hashes = prefix_block_hashes(list(range(16)), BS)
+    # the same prefix, and engine 0 idle while the others are busy: still rotation
+    chosen = [r.route(hashes, _loads(0, 50, 50)) for _ in range(6)]
+    assert chosen == [0, 1, 2, 0, 1, 2]
+    # a dead engine is skipped and the rotation goes on after the one chosen
+    assert [r.route(hashes, _loads(0, 0, 0, dead=(1,))) for _ in range(4)] == [0, 2, 0, 2]
+    with pytest.raises(NoEngineAvailableError):
+        r.route(hashes, _loads(0, 0, 0, dead=(0, 1, 2)))
+    assert r.num_affinity_routed == 0 and len(r) == 0  # nothing remembered

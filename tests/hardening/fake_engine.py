@@ -8,6 +8,11 @@ and one per aborted request, ``{"abort": id, "time": s, "num_steps": n}``
 (``start``, ``end`` and ``time`` in ``time.monotonic()`` seconds, a clock the
 test process shares; ``num_steps``: steps begun before the abort), so tests
 can count the steps a request ran after its client went away.
+
+With ``"request_log": PATH`` it appends one JSON line per request it is
+given, ``{"add": id, "tenant": ..., "priority": ..., "cache_salt": ...}``:
+the fields as decoded in the engine process, so tests can check that a
+request field crossed the HTTP or ZeroMQ frontend and the engine link.
 """
 
 from __future__ import annotations
@@ -40,6 +45,15 @@ class QueueingFakeEngine(FakeEngineCore):
             return super().step()
         finally:
             self.live.update(parked)  # dict order keeps them behind the running ones
+
+    def add_request(self, request):
+        super().add_request(request)
+        path = self.opts.get("request_log")
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps({"add": request.request_id, "tenant": request.tenant,
+                                    "priority": request.priority,
+                                    "cache_salt": request.cache_salt}) + "\n")  # fmt: skip
 
     def abort_requests(self, request_ids):
         outs = super().abort_requests(request_ids)

@@ -27,6 +27,7 @@ from paternoster.model.parallel.shard import shard_gate_up, shard_qkv, shard_voc
 from paternoster.model.parallel.tp_model import local_config
 
 from .conftest import BatchMaker, Chunk, hf_logits
+from .tiny_checkpoints import KINDS, tiny_checkpoint
 
 TP = 2
 PROMPTS = [[5, 17, 33, 2, 90, 64, 7, 11, 3], [8, 1, 120, 44, 9, 70, 12, 33, 99, 4, 5, 6, 31]]
@@ -160,39 +161,11 @@ def _rank_steps(tp: TPGroup, path, out_dir) -> None:
     torch.save(_steps(runner), out_dir / f"rank{tp.rank}.pt")
 
 
-def _tiny(kind: str, path):
-    import transformers
-
-    small = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(7)
-    if kind == "llama":  # odd vocabulary (a padded shard), every bias, untied head
-        cfg = transformers.LlamaConfig(**small, vocab_size=131, attention_bias=True,
-                                       mlp_bias=True, tie_word_embeddings=False)
-        model = transformers.LlamaForCausalLM(cfg)
-    elif kind == "qwen2":  # q/k/v biases, tied head
-        cfg = transformers.Qwen2Config(**small, vocab_size=128, tie_word_embeddings=True)
-        model = transformers.Qwen2ForCausalLM(cfg)
-    else:  # qwen3: q/k norms, head_dim != hidden / heads
-        cfg = transformers.Qwen3Config(**small, vocab_size=128, head_dim=24,
-                                       tie_word_embeddings=True)
-        model = transformers.Qwen3ForCausalLM(cfg)
-    with torch.no_grad():  # biases and norms away from 0 and 1, so that they matter
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.1)
-    model = model.float().eval()
-    model.save_pretrained(path)
-    return model
-
-
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_tp2_logits_equal_tp1_and_hf(kind, tmp_path):
     path = tmp_path / kind
-    hf = _tiny(kind, path)
+    hf = tiny_checkpoint(kind, path)
     _spawn(_rank_steps, path, tmp_path)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(TP)]
     single = _steps(_runner(path, None))
@@ -205,10 +178,3 @@ def test_tp2_logits_equal_tp1_and_hf(kind, tmp_path):
     for i, prompt in enumerate(PROMPTS):
         rows = ranks[0][0][sum(lens[:i]) : sum(lens[: i + 1])]
         torch.testing.assert_close(rows, hf_logits(hf, prompt), atol=1e-4, rtol=1e-4)
-
-
-def test_tensor_parallel_size_above_one_is_refused_until_serving_is_wired():
-    from paternoster.entrypoints.engine_args import build_engine_config
-
-    with pytest.raises(ValueError, match="tensor parallel serving is not wired"):
-        build_engine_config("unused", tensor_parallel_size=2)

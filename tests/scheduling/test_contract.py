@@ -14,7 +14,7 @@ from paternoster.scheduling.scheduler import SCHEDULER_API_VERSION, Scheduler
 
 from .conftest import create_requests, create_scheduler, run_step
 
-BUILT_INS = ["fcfs", "chunked_prefill", "priority", "static"]
+BUILT_INS = ["fcfs", "chunked_prefill", "priority", "static", "fair", "slo"]
 
 
 def test_api_version_is_2():
@@ -178,3 +178,28 @@ def test_a_policy_orders_waiting_by_choosing_its_queue():
         s.add_request(r)
     order = [run_step(s)[0].scheduled[0].request_id for _ in range(3)]
     assert order == ["r1", "r2", "r0"]
+
+
+def test_reject_finishes_a_waiting_request_with_an_error_and_frees_it():
+    s = create_scheduler(max_num_seqs=1)
+    a, b = create_requests(2)
+    s.add_request(a)
+    s.add_request(b)
+    run_step(s)  # a runs, b waits (one slot)
+    out = SchedulerOutput()
+    s.reject(b, out, "too late")
+    assert out.rejected == [(b, "too late")]
+    assert b.status == RequestStatus.FINISHED_ERROR and b.finish_reason == "error"
+    assert b.request_id not in s.requests and b not in s.waiting
+    with pytest.raises(ValueError, match="not waiting"):
+        s.reject(a, out, "running")
+
+
+def test_on_step_time_is_an_optional_hook_and_the_clock_defaults_to_monotonic():
+    import time
+
+    s = create_scheduler()
+    plan, _ = run_step(s)
+    assert s.on_step_time(plan, 0.01) is None
+    assert s.clock is time.monotonic
+

@@ -10,14 +10,15 @@ from paternoster.sampling_params import SamplingParams
 
 from .conftest import create_scheduler, run_step
 
-POLICIES = ["fcfs", "chunked_prefill", "priority", "static"]
+POLICIES = ["fcfs", "chunked_prefill", "priority", "static", "fair", "slo"]
+CHUNKING = ("chunked_prefill", "fair", "slo")  # may split prompts: any budget
 
 trace = st.lists(
     st.tuples(
         st.integers(0, 12),  # arrival step
         st.integers(1, 40),  # prompt length
         st.integers(1, 12),  # output length
-        st.integers(0, 3),  # priority
+        st.integers(0, 3),  # priority; also the tenant (0: anonymous)
     ),
     min_size=1,
     max_size=14,
@@ -53,7 +54,7 @@ def assert_kv_accounting(s, block_size: int) -> None:
 )
 def test_invariants_hold_on_random_traces(policy, requests, num_blocks, max_num_seqs, budget):
     block_size, max_model_len = 4, 52  # 13 blocks: any single request fits alone
-    if policy != "chunked_prefill":
+    if policy not in CHUNKING:
         budget = max(budget, max_model_len)
     s = create_scheduler(
         policy,
@@ -76,6 +77,7 @@ def test_invariants_hold_on_random_traces(policy, requests, num_blocks, max_num_
                 sampling_params=SamplingParams(max_tokens=out_len, ignore_eos=True),
                 max_tokens=out_len,
                 priority=prio,
+                tenant=f"t{prio}" if prio else None,
             )
             s.add_request(req)
         plan, outs = run_step(s, token=step % 40 + 1)

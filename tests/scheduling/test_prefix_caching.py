@@ -149,7 +149,7 @@ def test_chunked_prefill_caches_each_chunk() -> None:
     assert plan.num_scheduled_tokens == [18 - 16]
 
 
-POLICIES = ["fcfs", "chunked_prefill", "priority", "static"]
+POLICIES = ["fcfs", "chunked_prefill", "priority", "static", "fair", "slo"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -161,7 +161,7 @@ POLICIES = ["fcfs", "chunked_prefill", "priority", "static"]
             st.integers(0, 2),  # which shared prefix
             st.integers(1, 30),  # prompt length
             st.integers(1, 10),  # output length
-            st.integers(0, 3),  # priority
+            st.integers(0, 3),  # priority; also the tenant (0: anonymous)
         ),
         min_size=1,
         max_size=12,
@@ -178,7 +178,7 @@ def test_invariants_with_caching_on_random_traces(
     requests whose tokens agree up to that block, no token is lost, and every
     block is free at the end."""
     max_model_len = 52
-    if policy != "chunked_prefill":
+    if policy not in ("chunked_prefill", "fair", "slo"):
         budget = max(budget, max_model_len)
     s = create_scheduler(
         policy,
@@ -198,6 +198,7 @@ def test_invariants_with_caching_on_random_traces(
             prompt = prefixes[which][:prompt_len]
             r = request(f"q{i}", prompt, max_tokens=out_len, ignore_eos=True)
             r.priority = prio
+            r.tenant = f"t{prio}" if prio else None
             s.add_request(r)
         _, outs = run_step(s, token=step % 3 + 1)
         for o in outs:

@@ -48,7 +48,7 @@ def test_continuous_batching_finishes_c_at_step_4():
     assert m["C"].queue_time == 2.0
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "chunked_prefill", "priority", "static"])
+@pytest.mark.parametrize("policy", ["fcfs", "chunked_prefill", "priority", "static", "fair"])
 def test_unit_cost_time_counts_steps(policy):
     """With the unit cost model every token time is a whole step number."""
     result = simulate(seed_trace(), policy, cost_model=CostModel.unit(), max_num_seqs=2,

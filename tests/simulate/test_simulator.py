@@ -6,7 +6,7 @@ import pytest
 
 from paternoster.simulate import CostModel, TraceRequest, simulate, synthetic_mix
 
-POLICIES = ["fcfs", "chunked_prefill", "priority", "static"]
+POLICIES = ["fcfs", "chunked_prefill", "priority", "static", "fair"]
 LIMITS = dict(num_kv_blocks=96, block_size=16, max_num_seqs=8, max_num_batched_tokens=256,
               max_model_len=1024)  # fmt: skip
 

@@ -135,8 +135,9 @@ def generate_message(
     stream: bool, priority: int, add_special_tokens: bool, sampling: dict[str, Any],
 ) -> tuple[str, dict]:
     """A ``generate`` message and its id (``request_id`` or a fresh unique one).
-    ``sampling`` may also hold ``cache_salt`` (prefix-cache isolation), sent as
-    the message's own field.
+    ``sampling`` may also hold ``cache_salt`` (prefix-cache isolation) and
+    ``tenant`` (who the request is served for, for the ``fair`` scheduler),
+    each sent as the message's own field.
 
     Raises:
         ValueError: neither or both of ``prompt`` and ``prompt_token_ids``, or an
@@ -145,7 +146,7 @@ def generate_message(
     if (prompt is None) == (prompt_token_ids is None):
         raise ValueError("give exactly one of prompt and prompt_token_ids")
     sampling = dict(sampling)
-    cache_salt = sampling.pop("cache_salt", None)  # a request field, not a sampling one
+    request_fields = {k: sampling.pop(k) for k in ("cache_salt", "tenant") if k in sampling}
     unknown = sorted(set(sampling) - set(p.SAMPLING_FIELDS))
     if unknown:
         raise ValueError(f"unknown sampling fields {unknown}; known: {list(p.SAMPLING_FIELDS)}")
@@ -155,8 +156,7 @@ def generate_message(
     rid = request_id if request_id is not None else f"c{os.getpid()}-{next(_ids)}"
     fields: dict[str, Any] = {"id": rid, "stream": stream, "priority": priority,
                               "sampling": {k: v for k, v in sampling.items() if v is not None}}
-    if cache_salt is not None:
-        fields["cache_salt"] = cache_salt
+    fields.update((k, v) for k, v in request_fields.items() if v is not None)
     if prompt is not None:
         fields["prompt"] = prompt
         fields["add_special_tokens"] = add_special_tokens

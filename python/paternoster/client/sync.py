@@ -102,8 +102,9 @@ class Client:
             timeout: seconds for the whole request (default: the client's); on
                 expiry the request is aborted and ``TimeoutError`` raised.
             **sampling: ``SamplingParams`` fields (``max_tokens=16``,
-                ``temperature``, ``top_p``, ``stop``, ``seed``, ``logprobs``, ...), and
-                ``cache_salt`` (prefix-cache isolation).
+                ``temperature``, ``top_p``, ``stop``, ``seed``, ``logprobs``, ...),
+                ``cache_salt`` (prefix-cache isolation) and ``tenant`` (who the
+                request is served for: the ``fair`` scheduler's unit of sharing).
         Returns:
             The :class:`Completion`.
         Raises:

@@ -23,7 +23,7 @@ from paternoster.logprobs import Logprobs
 from paternoster.metrics.timeline import TimelineRecorder
 from paternoster.model.interface import ModelInput, ModelRunnerOutput, PromptChunk, Runner
 from paternoster.model.runner import ModelRunner
-from paternoster.request import Request
+from paternoster.request import Request, check_slo_target
 from paternoster.scheduling.output import SchedulerOutput
 from paternoster.scheduling.registry import load_scheduler_class
 from paternoster.structured_outputs import GrammarCompiler, GrammarState, gate_of
@@ -86,8 +86,10 @@ class EngineCore:
             count and size are the runner's when one is given).
         model_runner: any :class:`~paternoster.model.interface.Runner`: the
             real :class:`~paternoster.model.runner.ModelRunner` (built from
-            ``config`` if None), a test double, or the simulator's cost-model
-            runner.
+            ``config`` if None; with ``config.tensor_parallel_size`` > 1 this
+            process is rank 0 and starts the other ranks:
+            :mod:`paternoster.engine.tensor_parallel`), a test double, or the
+            simulator's cost-model runner.
         clock: seconds, monotonic; stamps arrivals, queue times and the step
             log (the simulator passes its simulated clock).
     Attributes:
@@ -95,14 +97,26 @@ class EngineCore:
             how it was chosen; also ``info["num_threads"]``.
     Raises:
         ValueError: unknown scheduler name, unsupported architecture, bad
-            sizes, ``PATERNOSTER_NUM_THREADS`` not an int >= 1.
+            sizes, ``PATERNOSTER_NUM_THREADS`` not an int >= 1, a model that
+            tensor parallel does not split.
+        RuntimeError: a tensor-parallel worker exited or did not start in time.
     """
 
     def __init__(self, config: EngineConfig, model_runner: Runner | None = None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         # num_threads 0 = auto: every usable physical core, no pinning (in-process;
         # the engine process resolves it first, leaving a core to the frontend).
-        self.threads: ThreadChoice = resolve_threads(config.num_threads, reserve_frontend=False)
+        # Tensor parallel: each rank's share (rank 0 here, unpinned in-process).
+        tp = config.tensor_parallel_size > 1 and model_runner is None
+        if tp:
+            from paternoster.engine import tensor_parallel
+
+            if config.rank_threads is None:
+                config = tensor_parallel.plan_ranks(config, reserve_frontend=False,
+                                                    pin_rank0=False)
+            self.threads: ThreadChoice = tensor_parallel.rank0_threads(config)
+        else:
+            self.threads = resolve_threads(config.num_threads, reserve_frontend=False)
         if config.num_threads != self.threads.num_threads:
             config = dataclasses.replace(config, num_threads=self.threads.num_threads)
         torch.set_num_threads(config.num_threads)
@@ -110,7 +124,9 @@ class EngineCore:
         torch.manual_seed(config.seed)
         self.config = config
         self._clock = clock
-        if model_runner is None:
+        if tp:
+            model_runner = tensor_parallel.start_tensor_parallel(config)
+        elif model_runner is None:
             model_runner = ModelRunner(
                 config.model, config.cache, max_num_seqs=config.scheduler.max_num_seqs,
                 max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
@@ -168,10 +184,14 @@ class EngineCore:
         self.scheduler = scheduler_cls(
             sched_config, self.kv_cache_manager, self.batch_builder, self.max_model_len
         )
+        self.scheduler.clock = clock  # deadlines are on the clock arrivals are on
         self.step_log: deque[StepRecord] = deque(maxlen=STEP_LOG_SIZE)
         # Request timelines (docs/metrics.md); None when off (the default).
         self.timeline = TimelineRecorder.from_config(config.timeline)
         self._num_steps = 0
+        # End of the previous step when requests were left running (the next
+        # step follows back to back: the time between counts towards the gap).
+        self._busy_since: float | None = None
         # Queue times (s) of requests scheduled but not yet reported in an output.
         self._unreported_queue_times: dict[str, float] = {}
         # Prompt logprobs computed so far, per request, until its first token is sent.
@@ -202,6 +222,7 @@ class EngineCore:
             "scheduler": sched_config.scheduler,
             "num_threads": config.num_threads,
             "batch_invariant": config.model.batch_invariant,
+            "tensor_parallel_size": config.tensor_parallel_size if tp else 1,
         }
 
     # --------------------------------------------------------------- requests
@@ -223,13 +244,16 @@ class EngineCore:
         Raises:
             ValueError: empty prompt, token id (prompt or any token-id sampling field) outside
                 the vocabulary, ``n != 1``,
-                prompt (+ ``max_tokens``) longer than ``max_model_len``, or a
+                prompt (+ ``max_tokens``) longer than ``max_model_len``, a
+                ``slo_ttft_s`` or ``slo_itl_s`` that is not a number > 0, or a
                 duplicate live ``request_id``.
         """
         ids = request.prompt_token_ids
         params = request.sampling_params
         if not ids:
             raise ValueError("prompt must contain at least one token")
+        check_slo_target(request.slo_ttft_s, "slo_ttft_s")
+        check_slo_target(request.slo_itl_s, "slo_itl_s")
         vocab = self.runner.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
@@ -264,6 +288,9 @@ class EngineCore:
             arrival_time=self._arrival(request) if arrival_time is None else arrival_time,
             priority=request.priority,
             cache_salt=request.cache_salt,
+            tenant=request.tenant,
+            slo_ttft_s=request.slo_ttft_s,
+            slo_itl_s=request.slo_itl_s,
             max_tokens=params.max_tokens if params.max_tokens is not None else room,
             grammar=grammar,
         )
@@ -376,7 +403,10 @@ class EngineCore:
         failed = self._admit_compiled() if self._compiling else []
         t0 = self._clock()
         plan = self.scheduler.schedule()
+        if plan.rejected:
+            failed += self._rejected_outputs(plan, t0)
         if plan.is_empty:
+            self._busy_since = None
             if self.timeline is not None and plan.preempted:
                 self.timeline.on_preempted(plan.preempted, self._num_steps, t0)
             if self._compiling and not failed and not self.scheduler.has_unfinished_requests():
@@ -392,9 +422,28 @@ class EngineCore:
         if self.timeline is not None:
             self.timeline.on_step(self._num_steps, plan, model_input.sample_rows, t0, t3, outputs)
         self._record(plan, t0, t3, (t1 - t0) + (t3 - t2))
+        # The step's period as a decode sees it: from the previous step's end
+        # when the engine stepped back to back (the loop's own work between
+        # steps included), else from this step's start.
+        start = t0 if self._busy_since is None else min(t0, self._busy_since)
+        self.scheduler.on_step_time(plan, t3 - start)
+        self._busy_since = t3 if self.scheduler.has_unfinished_requests() else None
         self._attach_queue_times(outputs)
         self._attach_logprobs(outputs, result)
         return failed + outputs
+
+    def _rejected_outputs(self, plan: SchedulerOutput, now: float) -> list[EngineCoreOutput]:
+        """Final outputs of the requests the policy refused this step (load
+        shedding: ``overloaded``, which the frontend answers with 503)."""
+        rejected = [r for r, _ in plan.rejected]
+        for r in rejected:
+            self._wants_prompt_logprobs.pop(r.request_id, None)
+        if self.timeline is not None:
+            self.timeline.on_abort(rejected, now)
+        return [EngineCoreOutput(request_id=r.request_id, new_token_ids=[], finish_reason="error",
+                                 error=reason, overloaded=True,
+                                 num_prompt_tokens=r.num_prompt_tokens)
+                for r, reason in plan.rejected]  # fmt: skip
 
     def _attach_logprobs(self, outputs: list[EngineCoreOutput], result: ModelRunnerOutput) -> None:
         """Keep this step's prompt logprobs; put the token logprobs, and the
@@ -527,6 +576,19 @@ class EngineCore:
         :mod:`paternoster.metrics.timeline`), or ``None`` when timelines are off."""
         return None if self.timeline is None else self.timeline.snapshot()
 
+    def check_health(self) -> None:
+        """Raise if the engine can no longer step: its runner's check (a dead
+        tensor-parallel worker: ``RuntimeError`` naming it); else nothing."""
+        check = getattr(self.runner, "check_health", None)
+        if check is not None:
+            check()
+
     def shutdown(self) -> None:
-        """Abort everything still live (frees all KV blocks)."""
-        self.abort_requests(list(self.scheduler.requests))
+        """Abort everything still live (frees all KV blocks); stop the
+        runner's tensor-parallel workers, if it has any."""
+        try:
+            self.abort_requests(list(self.scheduler.requests))
+        finally:
+            stop = getattr(self.runner, "shutdown", None)
+            if stop is not None:
+                stop()

@@ -122,9 +122,10 @@ class ThreadChoice:
     Attributes:
         num_threads: threads for torch's intra-op pool and the C++ core pool (>= 1).
         source: ``"auto"``, ``"explicit"`` (``--num-threads``/``num_threads``),
-            ``"env"`` (:data:`NUM_THREADS_ENV`) or ``"data_parallel"`` (an
+            ``"env"`` (:data:`NUM_THREADS_ENV`), ``"data_parallel"`` (an
             engine's share of the cores, chosen by the frontend:
-            :func:`data_parallel_threads`).
+            :func:`data_parallel_threads`) or ``"tensor_parallel"`` (a
+            tensor-parallel rank's share, the same split over the ranks).
         cpus: CPUs to pin the engine process to; ``None`` = do not pin.
         physical_cores: physical cores available (auto only, else 0).
         logical_cpus: CPUs available (auto only, else 0).
@@ -151,6 +152,8 @@ class ThreadChoice:
             return f"engine threads: {self.num_threads} ({NUM_THREADS_ENV}{pinned})"
         if self.source == "data_parallel":
             return f"engine threads: {self.num_threads} (data-parallel share{pinned})"
+        if self.source == "tensor_parallel":
+            return f"engine threads: {self.num_threads} per rank (tensor-parallel share{pinned})"
         parts = [f"auto: {self.physical_cores} physical cores",
                  f"{self.logical_cpus} logical CPUs"]  # fmt: skip
         if self.cpu_quota is not None:
@@ -226,7 +229,8 @@ def resolve_threads(requested: int, *, reserve_frontend: bool,
 
 
 def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *,
-                reserve_frontend: bool = True) -> list[ThreadChoice]:
+                reserve_frontend: bool = True,
+                flag: str = "--data-parallel-size") -> list[ThreadChoice]:
     """Disjoint cores for ``num_engines`` data-parallel engine processes; pure.
 
     With ``num_threads`` 0 (auto) the usable physical cores (capped by the
@@ -242,6 +246,8 @@ def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *
         num_engines: engine processes (>= 1).
         num_threads: threads per engine; 0 = auto.
         reserve_frontend: see :func:`choose_threads`.
+        flag: the option the errors name (``--tensor-parallel-size`` splits
+            the cores over the ranks of one engine the same way).
     Returns:
         One pinned :class:`ThreadChoice` per engine.
     Raises:
@@ -249,7 +255,7 @@ def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *
             do not fit on disjoint cores (the message gives the counts).
     """
     if num_engines < 1:
-        raise ValueError(f"data_parallel_size must be >= 1, got {num_engines}")
+        raise ValueError(f"{flag} must be >= 1, got {num_engines}")
     if num_threads < 0:
         raise ValueError(f"num_threads must be >= 1, or 0 for auto; got {num_threads}")
     cores = topology.physical_cores()
@@ -259,9 +265,9 @@ def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *
         usable, reserved, source = len(cores), 0, "explicit"
         if num_threads * num_engines > usable:
             raise ValueError(
-                f"--data-parallel-size {num_engines} x --num-threads {num_threads} needs "
+                f"{flag} {num_engines} x --num-threads {num_threads} needs "
                 f"{num_engines * num_threads} physical cores, but {usable} are usable here; "
-                "lower one of them (each engine is pinned to cores of its own)"
+                "lower one of them (each process is pinned to cores of its own)"
             )
         sizes = [num_threads] * num_engines
     else:
@@ -269,8 +275,8 @@ def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *
         usable, reserved, source = one.num_threads, one.reserved_cores, "auto"
         if usable < num_engines:
             raise ValueError(
-                f"--data-parallel-size {num_engines} needs at least {num_engines} physical "
-                f"cores (one per engine), but {usable} are usable here"
+                f"{flag} {num_engines} needs at least {num_engines} physical "
+                f"cores (one per process), but {usable} are usable here"
             )
         base, extra = divmod(usable, num_engines)
         sizes = [base + (1 if i < extra else 0) for i in range(num_engines)]
@@ -289,7 +295,8 @@ def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *
 
 def data_parallel_threads(requested: int, num_engines: int, *,
                           environ: Mapping[str, str] | None = None,
-                          topology: CpuTopology | None = None) -> list[ThreadChoice]:
+                          topology: CpuTopology | None = None, reserve_frontend: bool = True,
+                          flag: str = "--data-parallel-size") -> list[ThreadChoice]:
     """Each data-parallel engine's threads and CPUs (``--data-parallel-size N``).
 
     ``requested`` >= 1 (``--num-threads``) or, with auto, the value of
@@ -303,6 +310,7 @@ def data_parallel_threads(requested: int, num_engines: int, *,
         num_engines: engine processes (>= 1).
         environ: where to read :data:`NUM_THREADS_ENV` (default ``os.environ``).
         topology: default: :func:`read_topology` of this process.
+        reserve_frontend, flag: see :func:`split_cores`.
     Returns:
         One :class:`ThreadChoice` per engine.
     Raises:
@@ -310,15 +318,16 @@ def data_parallel_threads(requested: int, num_engines: int, *,
     """
     topology = topology or read_topology()
     if requested == 0:
-        env_choice = resolve_threads(0, reserve_frontend=True, environ=environ,
+        env_choice = resolve_threads(0, reserve_frontend=reserve_frontend, environ=environ,
                                      topology=topology)  # fmt: skip
         if env_choice.source == "env":
             n = env_choice.num_threads
             if n * num_engines > len(topology.physical_cores()):
                 return [env_choice] * num_engines
-            return [dataclasses.replace(c, source="env")
-                    for c in split_cores(topology, num_engines, n)]  # fmt: skip
-    return split_cores(topology, num_engines, requested)
+            return [dataclasses.replace(c, source="env") for c in split_cores(
+                topology, num_engines, n, reserve_frontend=reserve_frontend, flag=flag)]
+    return split_cores(topology, num_engines, requested, reserve_frontend=reserve_frontend,
+                       flag=flag)
 
 
 # ------------------------------------------------------------------ reading
@@ -450,6 +459,33 @@ def pin_process(cpus: Iterable[int]) -> None:
             os.sched_setaffinity(tid, cpu_set)
         except ProcessLookupError:  # the thread has exited
             pass
+
+
+def apply_threads(threads: ThreadChoice, who: str = "the engine") -> ThreadChoice:
+    """Pin this process to ``threads.cpus`` (a refusal, e.g. a cpuset narrower
+    than the affinity, is logged and the process runs unpinned), give torch's
+    intra-op pool ``threads.num_threads`` threads and its inter-op pool 1.
+
+    Returns:
+        ``threads``, without ``cpus`` when pinning was refused.
+    """
+    import logging
+
+    import torch
+
+    if threads.cpus is not None:
+        try:
+            pin_process(threads.cpus)
+        except OSError as e:
+            logging.getLogger("paternoster.engine").warning(
+                "cannot pin %s to CPUs %s: %s", who, format_cpu_list(threads.cpus), e)
+            threads = dataclasses.replace(threads, cpus=None)
+    torch.set_num_threads(threads.num_threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or inter-op work already started
+        pass
+    return threads
 
 
 def limit_frontend_torch_threads() -> None:

@@ -43,6 +43,13 @@ class EngineCoreRequest(msgspec.Struct):
         cache_salt: isolates the request's prefix-cache blocks: blocks are
             shared only between requests with the same salt (vLLM's
             ``cache_salt``); ``None``: no salt.
+        tenant: who the request is served for (the ``fair`` scheduler's
+            unit of sharing); ``None``: the one anonymous tenant. Optional on
+            the wire (absent: ``None``).
+        slo_ttft_s: time-to-first-token target in seconds (``slo``
+            scheduler), or ``None`` for the policy's default.
+        slo_itl_s: inter-token latency target in seconds (``slo``
+            scheduler), or ``None`` for the policy's default.
     """
 
     request_id: str
@@ -51,6 +58,9 @@ class EngineCoreRequest(msgspec.Struct):
     arrival_time: float = msgspec.field(default_factory=time.time)
     priority: int = 0
     cache_salt: str | None = None
+    tenant: str | None = None
+    slo_ttft_s: float | None = None
+    slo_itl_s: float | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, omit_defaults=True):
@@ -71,6 +81,9 @@ class EngineCoreOutput(msgspec.Struct, omit_defaults=True):
         prompt_logprobs: log-probabilities of prompt tokens ``1..P-1`` when the
             request asked for ``prompt_logprobs``; on its first output with a
             token only, else ``None``.
+        overloaded: with ``finish_reason == "error"``: the scheduler refused
+            the request under load (load shedding, ``Scheduler.reject``); the
+            frontend answers 503 instead of 400.
     """
 
     request_id: str
@@ -82,6 +95,7 @@ class EngineCoreOutput(msgspec.Struct, omit_defaults=True):
     queue_time: float | None = None
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+    overloaded: bool = False
 
     @property
     def finished(self) -> bool:

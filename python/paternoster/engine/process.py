@@ -39,12 +39,7 @@ import msgspec
 import zmq
 
 from paternoster.engine.codec import CodecError, MessageCodec, PullQueue, PushQueue
-from paternoster.engine.cpu_threads import (
-    ThreadChoice,
-    format_cpu_list,
-    pin_process,
-    resolve_threads,
-)
+from paternoster.engine.cpu_threads import ThreadChoice, apply_threads, resolve_threads
 from paternoster.engine.messages import (
     Abort,
     Add,
@@ -150,12 +145,15 @@ class EngineLoop:
         self._step_started: float | None = None
         self._stop_beats = threading.Event()
         self._parent_gone = threading.Event()
+        # Checked between idle polls: raises when the engine can no longer step.
+        self._check_health = getattr(engine, "check_health", None)
 
     def run(self) -> None:
         """Loop until a ``shutdown`` message arrives or the parent dies.
 
         Raises:
-            Exception: whatever ``EngineCore.step`` raised (the caller reports it).
+            Exception: whatever ``EngineCore.step`` or, between idle polls,
+                ``EngineCore.check_health`` raised (the caller reports it).
         """
         self._snapshot_stats()
         beater = None
@@ -175,6 +173,8 @@ class EngineLoop:
                 logger.warning("frontend process is gone; engine exiting")
                 return
             busy = self.engine.has_unfinished_requests()
+            if not busy and self._check_health is not None:
+                self._check_health()  # e.g. a tensor-parallel worker died while idle
             self._drain(0 if busy else int(self.heartbeat_interval * 1000))
             if self._shutdown:
                 break
@@ -421,7 +421,9 @@ def run_engine(
 def _configure_threads(config: EngineConfig) -> EngineConfig:
     """Resolve ``num_threads`` (0 = auto) for this engine process, pin the
     process when auto leaves a core to the frontend, set torch's intra-op pool
-    to that count and its inter-op pool to 1, and log the one line.
+    to that count and its inter-op pool to 1, and log the one line. With
+    tensor parallel: every rank's share (``rank_threads``), this process
+    being rank 0.
 
     Returns:
         ``config`` with the resolved ``num_threads`` (>= 1).
@@ -430,25 +432,18 @@ def _configure_threads(config: EngineConfig) -> EngineConfig:
     """
     import dataclasses
 
-    import torch
+    if config.tensor_parallel_size > 1:  # split between the ranks, each on its own cores
+        from paternoster.engine.tensor_parallel import plan_ranks, rank0_threads
 
-    if config.cpus is not None:  # a data-parallel engine: the frontend chose its cores
+        config = plan_ranks(config, reserve_frontend=True, pin_rank0=True)
+        threads = rank0_threads(config)
+    elif config.cpus is not None:  # a data-parallel engine: the frontend chose its cores
         threads = ThreadChoice(num_threads=config.num_threads or len(config.cpus),
                                source="data_parallel", cpus=config.cpus)  # fmt: skip
     else:
         threads = resolve_threads(config.num_threads, reserve_frontend=True)
-    if threads.cpus is not None:
-        try:
-            pin_process(threads.cpus)
-        except OSError as e:  # e.g. a cpuset narrower than the affinity: run unpinned
-            logger.warning("cannot pin the engine to CPUs %s: %s", format_cpu_list(threads.cpus), e)
-            threads = dataclasses.replace(threads, cpus=None)
+    threads = apply_threads(threads)
     logger.info("%s", threads.describe())
-    torch.set_num_threads(threads.num_threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set, or inter-op work already started
-        pass
     return dataclasses.replace(config, num_threads=threads.num_threads)
 
 
@@ -465,9 +460,10 @@ def _remove_ipc_dir(addr: str) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGTERM us when the parent dies (best effort; the loop also
-    checks ``getppid``)."""
+    checks ``getppid``). Linux sends it when the *thread* that started us
+    exits, so start children from a thread that outlives them."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -500,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C in a terminal signals the whole process group, us included: the
         # frontend drains its in-flight requests first, then stops us.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s [engine] %(message)s",

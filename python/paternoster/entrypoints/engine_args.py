@@ -110,23 +110,18 @@ def build_engine_config(
         timeline_size: engine steps the request timeline keeps (0 = off).
         timeline_sample_rate: fraction of requests the timeline records.
         timeline_max_requests: requests the timeline keeps (default: ``timeline_size``).
-        tensor_parallel_size: ranks the model is split over; only 1 is
-            served yet (the split model and its runner are in
-            :mod:`paternoster.model.parallel`; the engine's worker ranks are not wired).
+        tensor_parallel_size: ranks the model is split over (CPU, gloo; the
+            engine is rank 0 and starts N-1 worker processes; see
+            :mod:`paternoster.engine.tensor_parallel`). ``num_threads`` is
+            then per rank (auto: the usable cores split between the ranks).
     Returns:
         The validated config.
     Raises:
         ValueError: a value out of range (the message names it), or
-            ``tensor_parallel_size`` other than 1.
+            ``tensor_parallel_size`` > 1 with a device other than ``cpu``,
+            ``load_format="dummy"`` or ``batch_invariant`` (the model's own
+            limits are checked when the engine starts).
     """
-    if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
-        raise ValueError(f"tensor_parallel_size must be an integer >= 1, got "
-                         f"{tensor_parallel_size!r}")  # fmt: skip
-    if tensor_parallel_size != 1:
-        raise ValueError(
-            f"tensor_parallel_size={tensor_parallel_size}: tensor parallel serving is not wired "
-            "yet; the layers and the TP forward are in paternoster.model.parallel "
-            "(ModelRunner(..., tp=TPGroup) runs one rank, docs/tensor_parallel.md)")
     cache = {"block_size": block_size, "num_kv_blocks": num_kv_blocks,
              "gpu_memory_utilization": gpu_memory_utilization,
              "enable_prefix_caching": enable_prefix_caching}
@@ -162,6 +157,7 @@ def build_engine_config(
         scheduler=SchedulerConfig(**sched),
         num_threads=num_threads,
         seed=seed,
+        tensor_parallel_size=tensor_parallel_size,
         timeline=TimelineConfig(
             size=timeline_size,
             sample_rate=timeline_sample_rate,
@@ -261,7 +257,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
         "--tensor-parallel-size", "-tp", type=positive_int, default=1, metavar="N",
-        help="split the model over N ranks (only 1 is served yet: see docs/tensor_parallel.md)",
+        help="split the model over N ranks (CPU, over gloo: the engine process is rank 0 "
+             "and starts N-1 worker processes; Llama/Mistral/Qwen2/Qwen3 dense safetensors "
+             "checkpoints; --num-threads is then per rank, auto splits the cores between "
+             "the ranks, each pinned to its own; docs/tensor_parallel.md)",
     )  # fmt: skip
     g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     g.add_argument(

@@ -2,27 +2,39 @@
 
 Runs the EngineCore in this process (no ZeroMQ). All prompts are added before
 the first step, so they are batched continuously; outputs go through the same
-detokenizer and stop-string handling as the HTTP server.
+detokenizer and stop-string handling as the HTTP server. With
+``data_parallel_size=N`` > 1 the engines run in N worker processes instead
+(:mod:`paternoster.entrypoints.llm_dp`), each an ``LLM`` of its own.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from paternoster.entrypoints.engine_args import build_engine_config, resolve_model_dir
 from paternoster.frontend.output_processor import SequenceState, fan_out
-from paternoster.frontend.processor import InputProcessor
+from paternoster.frontend.processor import InputProcessor, check_tenant, per_prompt, slo_targets
 from paternoster.outputs import RequestOutput
 from paternoster.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from paternoster.config import EngineConfig
+
 logger = logging.getLogger("paternoster.llm")
+
+#: One prompt ready for an engine: its token ids, its text (``None`` for ids),
+#: its fitted :class:`SamplingParams`, its priority, its tenant and its
+#: ``(slo_ttft_s, slo_itl_s)`` targets.
+Prepared = tuple[list[int], str | None, SamplingParams, int, str | None,
+                 tuple[float | None, float | None]]
 
 
 class LLM:
-    """An engine in this process plus the model's tokenizer.
+    """An engine in this process (or N engines in worker processes) plus the
+    model's tokenizer.
 
     Args:
         model: HF model directory or ``.gguf`` file (quantized weights kept
@@ -33,42 +45,82 @@ class LLM:
             ``scheduler``, ``num_threads``, ``seed``, ``served_model_name``,
             ``device``, ``gpu_memory_utilization``, ``cuda_graphs``,
             ``batch_invariant``, ``load_format``, ``timeline_size``, ``timeline_sample_rate``,
-            ``timeline_max_requests``, ``tensor_parallel_size``: only 1 yet,
-            others raise ValueError). ``num_threads`` defaults to every
-            physical core available (see :mod:`paternoster.engine.cpu_threads`).
-        data_parallel_size: only 1 (the default) for now: the offline API runs
-            one engine in this process; ``paternoster serve
-            --data-parallel-size N`` runs several.
+            ``timeline_max_requests``, ``tensor_parallel_size``).
+            ``num_threads`` defaults to every physical core available (see
+            :mod:`paternoster.engine.cpu_threads`). ``tensor_parallel_size=N``
+            > 1 splits the model over N ranks on CPU: this process is rank 0
+            (scheduler, KV cache manager, sampling) and starts N-1 worker
+            processes (:mod:`paternoster.engine.tensor_parallel`);
+            ``num_threads`` is then per rank (auto: the cores split between
+            the ranks; the workers are pinned, this process is not). Call
+            :meth:`shutdown` to stop them (they also exit with this process).
+        data_parallel_size: engines (an int >= 1). 1: one engine in this
+            process. N > 1: N worker processes (``python -m``: a script needs
+            no ``__main__`` guard), each an ordinary in-process engine with
+            its own KV cache, pinned to cores of its own as ``paternoster
+            serve --data-parallel-size N`` pins them (``num_threads`` is then
+            per engine; auto splits the usable cores between them, none left
+            aside). :meth:`generate` and :meth:`chat` send each engine its
+            share of the prompts (sorted by token ids, so shared prefixes sit
+            together, cut into N runs of equal prompt + ``max_tokens`` tokens;
+            :func:`~paternoster.entrypoints.llm_dp.shard`) with their own
+            sampling params and priorities, and return the outputs in the
+            caller's order: greedy outputs equal N=1's. Not with
+            ``tensor_parallel_size`` > 1. Call :meth:`shutdown` to stop the
+            workers (they also exit with this process).
     Attributes:
         engine: the :class:`~paternoster.engine.core.EngineCore` (``step_log``,
             ``stats()``; ``info["num_threads"]`` and ``threads``: the thread
-            count used).
+            count used); ``None`` with ``data_parallel_size`` > 1.
+        workers: the :class:`~paternoster.entrypoints.llm_dp.DataParallelEngines`
+            (``procs``, each engine's ``info``) with ``data_parallel_size``
+            > 1; else ``None``.
         tokenizer: the Hugging Face tokenizer.
     Raises:
-        ValueError: an option out of range; errors of model loading.
+        ValueError: an option out of range (``data_parallel_size`` not an int
+            >= 1, or > 1 with ``tensor_parallel_size`` > 1); errors of model
+            loading; a model that tensor parallel does not split.
+        RuntimeError: a tensor-parallel or data-parallel worker exited or did
+            not start in time.
     """
 
     def __init__(self, model: str | None = None, data_parallel_size: int = 1,
                  **engine_kwargs: Any) -> None:  # fmt: skip
-        from paternoster.engine.core import EngineCore
-        from paternoster.model.loader import load_tokenizer
-
-        if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
+        if (isinstance(data_parallel_size, bool) or not isinstance(data_parallel_size, int)
+                or data_parallel_size < 1):  # fmt: skip
             raise ValueError(f"data_parallel_size must be an integer >= 1, got "
                              f"{data_parallel_size!r}")  # fmt: skip
-        if data_parallel_size != 1:
-            raise ValueError(
-                f"data_parallel_size={data_parallel_size}: the offline LLM runs one engine "
-                "in this process (only 1 is supported); use `paternoster serve "
-                "--data-parallel-size N` for several engines"
-            )
+        config = build_engine_config(resolve_model_dir(model), **engine_kwargs)
+        self._start(config, data_parallel_size)
 
-        model_dir = resolve_model_dir(model)
-        config = build_engine_config(model_dir, **engine_kwargs)
-        self.tokenizer = load_tokenizer(model_dir)
-        self.engine = EngineCore(config)
-        logger.info("%s", self.engine.threads.describe())
-        info = self.engine.info
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """One in-process engine from a built config (a data-parallel worker's
+        engine: its ``num_threads`` and ``cpus`` already placed).
+
+        Raises:
+            ValueError, RuntimeError: as the constructor.
+        """
+        llm = cls.__new__(cls)
+        llm._start(config, 1)
+        return llm
+
+    def _start(self, config: EngineConfig, data_parallel_size: int) -> None:
+        from paternoster.model.loader import load_tokenizer
+
+        self.tokenizer = load_tokenizer(config.model.model)
+        self.engine = self.workers = None
+        if data_parallel_size > 1:
+            from paternoster.entrypoints.llm_dp import DataParallelEngines
+
+            self.workers = DataParallelEngines(config, data_parallel_size)
+            info = self.workers.info[0]
+        else:
+            from paternoster.engine.core import EngineCore
+
+            self.engine = EngineCore(config)
+            logger.info("%s", self.engine.threads.describe())
+            info = self.engine.info
         # The engine's cap already counts what one request can hold in the KV
         # cache (with sliding-window groups, more than num_kv_blocks * block_size).
         self.max_model_len = int(info["max_model_len"])
@@ -84,6 +136,9 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         priority: int | Sequence[int] | None = None,
+        tenant: str | Sequence[str | None] | None = None,
+        slo_ttft_s: float | Sequence[float | None] | None = None,
+        slo_itl_s: float | Sequence[float | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt, batched continuously.
 
@@ -95,18 +150,28 @@ class LLM:
             use_tqdm: show a progress bar over finished prompts.
             priority: scheduling priority, one for all prompts or one per
                 prompt (lower runs first; used by the ``priority`` scheduler).
+            tenant: who the prompts are served for, one name for all prompts
+                or one per prompt (``None``: the anonymous tenant); the ``fair``
+                scheduler shares the engine between tenants.
+            slo_ttft_s: time-to-first-token target in seconds, one for all
+                prompts or one per prompt (``None``: the policy's default; used
+                by the ``slo`` scheduler).
+            slo_itl_s: inter-token latency target in seconds, likewise.
         Returns:
             One :class:`RequestOutput` per prompt, in input order, each with
             ``n`` choices ordered by index.
         Raises:
-            ValueError: mismatched lengths, an empty prompt, a token id outside
+            ValueError: mismatched lengths, an empty or too long tenant name
+                (naming ``tenant``), an empty prompt, a token id outside
                 the vocabulary, or a prompt plus ``max_tokens`` longer than
                 ``max_model_len`` (an ``InvalidRequestError`` naming the field),
+                an SLO target that is not a number > 0 (naming it),
                 or a structured-output constraint that does not compile (the
                 other prompts' requests are aborted).
         """
         token_prompts, texts = self._tokenize(prompts)
-        return self._run(token_prompts, texts, sampling_params, use_tqdm, priority)
+        slo = slo_targets(slo_ttft_s, slo_itl_s, len(token_prompts))
+        return self._run(token_prompts, texts, sampling_params, use_tqdm, priority, tenant, slo)
 
     def chat(
         self,
@@ -150,15 +215,24 @@ class LLM:
             token_prompts.append(ids)
         return self._run(token_prompts, texts, sampling_params, use_tqdm)
 
-    def timeline(self) -> dict:
-        """The engine's request timeline (needs ``LLM(..., timeline_size=N)``).
+    def timeline(self, engine: int = 0) -> dict:
+        """An engine's request timeline (needs ``LLM(..., timeline_size=N)``).
 
+        Args:
+            engine: which engine, ``0 .. data_parallel_size - 1`` (each has
+                its own clock: ``time.monotonic()`` of its process).
         Returns:
             The snapshot: plain dicts and lists, times in ``time.monotonic()``
             seconds (schema in :mod:`paternoster.metrics.timeline`).
         Raises:
-            RuntimeError: timelines are off (``timeline_size`` is 0, the default).
+            RuntimeError: timelines are off (``timeline_size`` is 0, the
+                default); a data-parallel worker is gone.
+            ValueError: ``engine`` out of range.
         """
+        if self.workers is not None:
+            return self.workers.call(engine, "timeline", ())
+        if engine != 0:
+            raise ValueError(f"engine must be 0 with one engine, got {engine!r}")
         snapshot = self.engine.timeline_snapshot()
         if snapshot is None:
             raise RuntimeError("request timelines are off: create LLM(..., timeline_size=N)")
@@ -170,6 +244,7 @@ class LLM:
         gantt_path: str | None = None,
         snapshot_path: str | None = None,
         gantt_x: str = "time",
+        engine: int = 0,
     ) -> dict:
         """Write the request timeline as a Chrome/Perfetto trace, a Gantt PNG and/or
         the raw snapshot (JSON; ``paternoster trace --input`` converts it later).
@@ -179,11 +254,12 @@ class LLM:
             gantt_path: Gantt chart PNG to write.
             snapshot_path: raw snapshot JSON to write.
             gantt_x: ``"time"`` or ``"step"`` on the Gantt x axis.
+            engine: which engine's timeline (see :meth:`timeline`).
         Returns:
             The snapshot written.
         Raises:
             RuntimeError: timelines are off.
-            ValueError: bad ``gantt_x``.
+            ValueError: bad ``gantt_x`` or ``engine``.
             OSError: a file cannot be written.
         """
         import json
@@ -192,7 +268,7 @@ class LLM:
         from paternoster.metrics.chrome_trace import write_chrome_trace
         from paternoster.metrics.gantt import plot_timeline_gantt
 
-        snapshot = self.timeline()
+        snapshot = self.timeline(engine)
         if trace_path is not None:
             write_chrome_trace(snapshot, trace_path)
         if gantt_path is not None:
@@ -200,6 +276,16 @@ class LLM:
         if snapshot_path is not None:
             Path(snapshot_path).write_text(json.dumps(snapshot) + "\n")
         return snapshot
+
+    def shutdown(self) -> None:
+        """Abort what is live and stop the engine's tensor-parallel workers
+        (if any), leaving the gloo group: another ``LLM(...,
+        tensor_parallel_size=N)`` can start in this process after it; or stop
+        the data-parallel workers. Idempotent."""
+        if self.workers is not None:
+            self.workers.stop()
+        else:
+            self.engine.shutdown()
 
     # -------------------------------------------------------------- internals
 
@@ -226,40 +312,95 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
         priority: int | Sequence[int] | None = None,
+        tenant: str | Sequence[str | None] | None = None,
+        slo: Sequence[tuple[float | None, float | None]] | None = None,
     ) -> list[RequestOutput]:
+        prepared = self._prepare(token_prompts, texts, sampling_params, priority, tenant, slo)
+        if self.workers is not None:
+            results = self.workers.run(prepared, use_tqdm)
+            for out in results:  # the ids N=1 gives, in the caller's order
+                out.request_id = str(next(self._ids))
+            return results
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(prepared), desc="Processed prompts", unit="prompt")
+        try:
+            return self.run_prepared(prepared, None if bar is None else bar.update)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _prepare(
+        self,
+        token_prompts: list[list[int]],
+        texts: list[str | None],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        priority: int | Sequence[int] | None,
+        tenant: str | Sequence[str | None] | None = None,
+        slo: Sequence[tuple[float | None, float | None]] | None = None,
+    ) -> list[Prepared]:
+        """Each prompt with its own sampling params (derived fields filled in,
+        ``max_tokens`` fitted), priority, tenant and SLO targets, checked.
+
+        Raises:
+            ValueError: as :meth:`generate`.
+        """
+        n = len(token_prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(token_prompts)
+            params_list = [sampling_params] * n
         else:
             params_list = list(sampling_params)
-            if len(params_list) != len(token_prompts):
-                raise ValueError(
-                    f"got {len(params_list)} sampling params for {len(token_prompts)} prompts"
-                )
-        if priority is None or isinstance(priority, int):
-            priorities = [priority or 0] * len(token_prompts)
-        else:
-            priorities = [int(p) for p in priority]
-            if len(priorities) != len(token_prompts):
-                raise ValueError(
-                    f"got {len(priorities)} priorities for {len(token_prompts)} prompts"
-                )
+            if len(params_list) != n:
+                raise ValueError(f"got {len(params_list)} sampling params for {n} prompts")
+        priorities = [int(p or 0) for p in per_prompt(priority, n, "priorities", int)]
+        tenants = per_prompt(tenant, n, "tenants", str)
+        for t in set(tenants):
+            check_tenant(t, "tenant")
+        prepared: list[Prepared] = []
+        for p, (ids, text, params) in enumerate(zip(token_prompts, texts, params_list)):
+            if not ids:
+                raise ValueError(f"prompt {p} is empty")
+            ids = self.processor.check_token_ids(ids)
+            params = self.processor.fit(params.prepare(self.tokenizer), len(ids))
+            targets = slo[p] if slo else (None, None)
+            prepared.append((ids, text, params, priorities[p], tenants[p], targets))
+        return prepared
+
+    def run_prepared(
+        self,
+        prepared: Sequence[Prepared],
+        on_done: Callable[[int], object] | None = None,
+        before_step: Callable[[], None] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts already prepared on this process's engine (what
+        :meth:`generate` does after checking; a data-parallel worker's entry).
+
+        Args:
+            prepared: ``(token ids, text, fitted params, priority, tenant,
+                (slo_ttft_s, slo_itl_s))`` per prompt.
+            on_done: called with 1 each time a prompt's choices have all finished.
+            before_step: called before each engine step; what it raises ends
+                the call (the live requests are aborted).
+        Returns:
+            One :class:`RequestOutput` per prompt, in order.
+        Raises:
+            ValueError: a structured-output constraint that does not compile
+                (the other prompts' requests are aborted).
+        """
         results: list[RequestOutput] = []
         states: dict[str, tuple[int, SequenceState]] = {}
         try:
-            for p, (ids, text, params) in enumerate(zip(token_prompts, texts, params_list)):
-                if not ids:
-                    raise ValueError(f"prompt {p} is empty")
-                ids = self.processor.check_token_ids(ids)
-                params = self.processor.fit(params.prepare(self.tokenizer), len(ids))
+            for p, (ids, text, params, priority, tenant, slo) in enumerate(prepared):
                 rid = str(next(self._ids))
                 results.append(RequestOutput(rid, text, ids))
-                reqs = fan_out(rid, ids, params, 0, priorities[p])
-                for index, req in reqs:
+                for index, req in fan_out(rid, ids, params, 0, priority, tenant=tenant, slo=slo):
                     self.engine.add_request(req)
                     states[req.request_id] = (p, SequenceState(index, self.tokenizer, ids, params))
-            self._step_until_done(results, states, use_tqdm)
+            self._step_until_done(results, states, on_done, before_step)
         finally:
             live = [rid for rid, (_, s) in states.items() if not s.finished]
             if live:
@@ -277,34 +418,29 @@ class LLM:
         self,
         results: list[RequestOutput],
         states: dict[str, tuple[int, SequenceState]],
-        use_tqdm: bool,
+        on_done: Callable[[int], object] | None,
+        before_step: Callable[[], None] | None,
     ) -> None:
         pending = [0] * len(results)
         for p, _ in states.values():
             pending[p] += 1
-        bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(results), desc="Processed prompts", unit="prompt")
         remaining = len(states)
-        try:
-            while remaining and self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    entry = states.get(out.request_id)
-                    if entry is None or entry[1].finished:
-                        continue
-                    if out.finish_reason == "error":  # e.g. a grammar that failed to compile
-                        raise ValueError(out.error or "the engine rejected the request")
-                    p, state = entry
-                    state.process(out)
-                    if state.needs_abort:
-                        self.engine.abort_requests([out.request_id])
-                    if state.finished:
-                        remaining -= 1
-                        pending[p] -= 1
-                        if bar is not None and pending[p] == 0:
-                            bar.update(1)
-        finally:
-            if bar is not None:
-                bar.close()
+        while remaining and self.engine.has_unfinished_requests():
+            if before_step is not None:
+                before_step()
+            for out in self.engine.step():
+                entry = states.get(out.request_id)
+                if entry is None or entry[1].finished:
+                    continue
+                if out.finish_reason == "error":  # e.g. a grammar that failed to compile
+                    raise ValueError(out.error or "the engine rejected the request")
+                p, state = entry
+                state.process(out)
+                if state.needs_abort:
+                    self.engine.abort_requests([out.request_id])
+                if state.finished:
+                    remaining -= 1
+                    pending[p] -= 1
+                    if on_done is not None and pending[p] == 0:
+                        on_done(1)
+

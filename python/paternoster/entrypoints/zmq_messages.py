@@ -118,6 +118,7 @@ class Generate(_Message):
     stream: bool = True
     add_special_tokens: bool = True
     cache_salt: str | None = None
+    tenant: str | None = None
 
 
 class Abort(_Message):

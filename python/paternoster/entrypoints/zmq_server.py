@@ -381,7 +381,7 @@ class ZmqServer:
         options = RequestOptions(
             request_id_prefix="zmq", priority=msg.priority, cache_salt=msg.cache_salt,
             default_max_tokens=p.DEFAULT_MAX_TOKENS, add_special_tokens=msg.add_special_tokens,
-            prompt_param=param,
+            prompt_param=param, tenant=msg.tenant,
         )  # fmt: skip
         sub = await self.frontend.submit(prompts, msg.sampling.fields(), options)
         return sub.generation

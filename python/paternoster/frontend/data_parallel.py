@@ -77,7 +77,7 @@ class DataParallelClient(AdmissionCounts):
     def create(cls, config: EngineConfig, data_parallel_size: int = 1,
                max_waiting_requests: int | None = None, max_waiting_tokens: int | None = None,
                router: Router | None = None, distributed_executor_backend: str = "mp",
-               ray_address: str | None = None,
+               ray_address: str | None = None, routing: str = "affinity",
                **client_args: Any) -> DataParallelClient:  # fmt: skip
         """``data_parallel_size`` engine clients placed on their own cores or
         GPUs (:func:`~.placement.place_engines`), or as Ray actors.
@@ -95,11 +95,24 @@ class DataParallelClient(AdmissionCounts):
                 for ``cuda``, one GPU (:mod:`.ray_executor`).
             ray_address: the Ray cluster (``ray`` only; see
                 :func:`~.ray_executor.connect`).
+            routing: the :class:`Router` policy when ``router`` is ``None``
+                (``"affinity"`` or ``"round_robin"``).
             client_args: the other :class:`EngineClient` arguments.
         Raises:
             ValueError: see :func:`~.placement.place_engines` and
-                :class:`~.ray_executor.RayLauncher`; a bad limit or backend.
+                :class:`~.ray_executor.RayLauncher`; a bad limit or backend;
+                ``config.tensor_parallel_size`` > 1 with more than one engine
+                or with the ``ray`` backend (not supported yet).
         """
+        tp = config.tensor_parallel_size
+        if tp > 1 and (data_parallel_size != 1 or distributed_executor_backend != "mp"):
+            raise ValueError(
+                f"--tensor-parallel-size {tp} with --data-parallel-size {data_parallel_size} "
+                f"and --distributed-executor-backend {distributed_executor_backend}: tensor "
+                "parallel runs in one local engine process (--data-parallel-size 1, backend "
+                "mp); data parallel x tensor parallel is not supported yet")
+        if router is None:
+            router = Router(max(data_parallel_size, 1), policy=routing)
         admission = Admission(max_waiting_requests, max_waiting_tokens)
         if distributed_executor_backend == "mp":
             if ray_address is not None:

@@ -295,6 +295,8 @@ class EngineClient(AdmissionCounts):
                     raise item
                 if item.finish_reason == "error":
                     done = True
+                    if item.overloaded:  # shed by the scheduler (e.g. slo's load_shedding)
+                        raise EngineOverloadedError(item.error or "shed under load")
                     raise RequestRejectedError(item.error or "request rejected by the engine")
                 done = item.finished
                 yield item

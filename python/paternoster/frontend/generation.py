@@ -37,13 +37,18 @@ class Generation:
         reservation: the waiting-queue room reserved for these choices. Each
             choice takes its share when it is sent; :meth:`deltas` gives back
             the rest when it ends, and :meth:`release` does when it never runs.
+        tenant: who every choice is served for (``None``: the anonymous tenant).
+        slo: ``(slo_ttft_s, slo_itl_s)`` targets of every choice, seconds
+            (the ``slo`` scheduler; ``None``: the policy's defaults).
     """
 
     def __init__(self, client: EngineClient | DataParallelClient, tokenizer: Any, request_id: str,
                  prompts: list[list[int]], params: SamplingParams, priority: int = 0,
                  cache_salt: str | None = None, arrival_time: float | None = None,
                  metrics: RequestMetrics | None = None,
-                 reservation: Reservation | None = None):  # fmt: skip
+                 reservation: Reservation | None = None,
+                 tenant: str | None = None,
+                 slo: tuple[float | None, float | None] = (None, None)):  # fmt: skip
         self.client = client
         self.metrics = metrics
         self.reservation = reservation
@@ -53,7 +58,7 @@ class Generation:
         self.jobs = []
         for p, ids in enumerate(prompts):
             for index, req in fan_out(request_id, ids, params, p * params.n, priority,
-                                      cache_salt, arrival_time):  # fmt: skip
+                                      cache_salt, arrival_time, tenant, slo):  # fmt: skip
                 self.jobs.append((req, SequenceState(index, tokenizer, ids, req.sampling_params)))
 
     def release(self) -> None:

@@ -28,6 +28,8 @@ def fan_out(
     priority: int = 0,
     cache_salt: str | None = None,
     arrival_time: float | None = None,
+    tenant: str | None = None,
+    slo: tuple[float | None, float | None] = (None, None),
 ) -> list[tuple[int, EngineCoreRequest]]:
     """Split a request with ``params.n`` choices into ``n`` engine requests.
 
@@ -44,6 +46,8 @@ def fan_out(
         priority: scheduling priority of every choice (lower runs first).
         cache_salt: prefix-cache salt of every choice (``None``: none).
         arrival_time: ``time.time()`` of the request's arrival (default: now).
+        tenant: who every choice is served for (``None``: the anonymous tenant).
+        slo: ``(slo_ttft_s, slo_itl_s)`` of every choice (``None``: the policy's).
     Returns:
         ``[(choice_index, EngineCoreRequest)]`` of length ``n``.
     """
@@ -56,6 +60,8 @@ def fan_out(
         req = EngineCoreRequest(
             request_id=f"{request_id}-{index}", prompt_token_ids=list(prompt_token_ids),
             sampling_params=sub, arrival_time=arrival, priority=priority, cache_salt=cache_salt,
+            tenant=tenant,
+            slo_ttft_s=slo[0], slo_itl_s=slo[1],
         )  # fmt: skip
         out.append((index, req))
     return out

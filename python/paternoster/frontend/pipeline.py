@@ -30,6 +30,7 @@ from paternoster.frontend.processor import (
     DEFAULT_MAX_STOP,
     ChatInput,
     InputProcessor,
+    check_tenant,
     check_text,
 )
 from paternoster.metrics.requests import RequestMetrics
@@ -60,6 +61,13 @@ class RequestOptions:
             constraint, a function of the rendered prompt giving the
             constraint's ``reasoning`` entry (the grammar then waits for the
             reasoning to end), or ``None``.
+        tenant: who the request is served for (``fair`` scheduler; ``None``:
+            the anonymous tenant).
+        tenant_param: the field errors about the tenant name (``user``, the
+            ``X-Tenant-Id`` header, ``tenant``).
+        slo_ttft_s: time-to-first-token target, seconds (``slo`` scheduler;
+            ``None``: the policy's default).
+        slo_itl_s: inter-token latency target, seconds (likewise).
     """
 
     request_id_prefix: str = "req"
@@ -70,6 +78,10 @@ class RequestOptions:
     prompt_param: str = "prompt"
     constraint_param: str = "structured_outputs"
     reasoning_gate: Callable[[str], dict[str, Any] | None] | None = None
+    tenant: str | None = None
+    tenant_param: str = "tenant"
+    slo_ttft_s: float | None = None
+    slo_itl_s: float | None = None
 
 
 @dataclass
@@ -172,6 +184,7 @@ class Frontend:
             if not salt:
                 raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
             check_text(salt, "cache_salt")
+        check_tenant(options.tenant, options.tenant_param)
         ids, texts = await self.run_tokenizer(self._tokenize, prompts, options)
         spec = sampling.get("structured_outputs")
         if options.reasoning_gate is not None and spec is not None and texts[0] is not None:
@@ -192,7 +205,7 @@ class Frontend:
             gen = Generation(
                 self.client, self.tokenizer, f"{options.request_id_prefix}-{uuid.uuid4().hex}",
                 ids, params, options.priority, options.cache_salt, time.time(), self.metrics,
-                reservation,
+                reservation, options.tenant, (options.slo_ttft_s, options.slo_itl_s),
             )  # fmt: skip
         except BaseException:
             reservation.release()

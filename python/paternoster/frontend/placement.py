@@ -52,6 +52,7 @@ def place_engines(config: EngineConfig, num_engines: int, *,
                   environ: Mapping[str, str] | None = None,
                   topology: CpuTopology | None = None,
                   cuda_device_count: Callable[[], int] = _cuda_device_count,
+                  reserve_frontend: bool = True,
                   ) -> list[EnginePlacement]:  # fmt: skip
     """Each engine's configuration and extra environment.
 
@@ -62,6 +63,9 @@ def place_engines(config: EngineConfig, num_engines: int, *,
         topology: the CPUs (default: this process's).
         cuda_device_count: returns the GPUs torch sees (only called for CUDA
             without ``CUDA_VISIBLE_DEVICES``).
+        reserve_frontend: CPU auto threads leave one core to a frontend
+            process from 8 cores (``paternoster serve``); the offline ``LLM``
+            passes ``False`` (its process only tokenizes and waits).
     Returns:
         ``num_engines`` placements, engine 0 first.
     Raises:
@@ -92,7 +96,8 @@ def place_engines(config: EngineConfig, num_engines: int, *,
         return [EnginePlacement(config, {CUDA_VISIBLE_DEVICES: gpus[i]})
                 for i in range(num_engines)]  # fmt: skip
     threads = data_parallel_threads(config.num_threads, num_engines, environ=environ,
-                                    topology=topology)  # fmt: skip
+                                    topology=topology,
+                                    reserve_frontend=reserve_frontend)  # fmt: skip
     return [
         EnginePlacement(dataclasses.replace(config, num_threads=t.num_threads, cpus=t.cpus))
         for t in threads

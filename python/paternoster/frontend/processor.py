@@ -23,9 +23,13 @@ from typing import Any
 
 from paternoster.frontend.chat import ChatTemplateError, render_chat
 from paternoster.frontend.errors import InvalidRequestError
+from paternoster.request import check_slo_target
 from paternoster.sampling_params import MAX_N, SamplingParams
 
 DEFAULT_MAX_STOP = 64
+MAX_TENANT_LENGTH = 256
+"""The longest tenant name (characters): the OpenAI ``user`` field, the
+``X-Tenant-Id`` header, the ZeroMQ ``tenant`` field, ``LLM.generate(tenant=)``."""
 _PARAM_RE = re.compile(r"^(\w+)(?:\.[\w.]+)?(?: keys| values)? must")
 
 # Roles whose messages must carry content (OpenAI answers 400 without it);
@@ -265,7 +269,71 @@ def check_text(text: str, param: str) -> None:
         raise InvalidRequestError(f"{param} is not valid Unicode text: {e.reason}", param) from None
 
 
+def check_tenant(tenant: object, param: str) -> str | None:
+    """A request's tenant, validated: ``None`` (the anonymous tenant) or a
+    non-empty string of at most :data:`MAX_TENANT_LENGTH` characters that is
+    valid Unicode.
+
+    Args:
+        tenant: the value given.
+        param: the field it came from (``user``, the header's name, ``tenant``),
+            named in errors.
+    Returns:
+        ``tenant`` unchanged.
+    Raises:
+        InvalidRequestError: anything else, naming ``param``.
+    """
+    if tenant is None:
+        return None
+    if not isinstance(tenant, str) or not tenant:
+        raise InvalidRequestError(f"{param} must be a non-empty string, got {tenant!r}", param)
+    if len(tenant) > MAX_TENANT_LENGTH:
+        raise InvalidRequestError(
+            f"{param} must be at most {MAX_TENANT_LENGTH} characters, got {len(tenant)}", param
+        )
+    check_text(tenant, param)
+    return tenant
+
+
 def param_of(error: ValueError) -> str | None:
     """The field a :class:`SamplingParams` ``ValueError`` names (its first word)."""
     m = _PARAM_RE.match(str(error))
     return m.group(1) if m else None
+
+
+def per_prompt(value: Any, n: int, what: str, single: type | tuple[type, ...]) -> list[Any]:
+    """An offline argument given once for all ``n`` prompts or once per prompt.
+
+    Args:
+        value: ``None`` or an instance of ``single`` (repeated ``n`` times),
+            or a sequence of ``n`` values.
+        n: prompts.
+        what: the values' name in the error ("tenants", "priorities").
+        single: the type(s) of one value.
+    Returns:
+        ``n`` values, unchecked.
+    Raises:
+        InvalidRequestError: a sequence of another length.
+    """
+    if value is None or isinstance(value, single):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise InvalidRequestError(f"got {len(values)} {what} for {n} prompts")
+    return values
+
+
+def slo_targets(slo_ttft_s: Any, slo_itl_s: Any, n: int) -> list[tuple[float | None, float | None]]:
+    """``(slo_ttft_s, slo_itl_s)`` for each of ``n`` prompts, each argument
+    given once for all or once per prompt (``LLM.generate``).
+
+    Raises:
+        ValueError: a sequence of another length, or a target that is not a
+            number of seconds > 0 (naming the argument).
+    """
+    ttft, itl = (
+        [check_slo_target(v, name) for v in per_prompt(value, n, f"{name} values", (int, float))]
+        for name, value in (("slo_ttft_s", slo_ttft_s), ("slo_itl_s", slo_itl_s))
+    )
+    return list(zip(ttft, itl))
+

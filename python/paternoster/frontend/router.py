@@ -16,6 +16,10 @@ The rule, in order:
    (:attr:`EngineLoad.num_requests`), then the lowest KV cache usage; ties go
    round-robin so that an idle server spreads its first requests.
 
+``policy="round_robin"`` replaces both with plain rotation over the
+available engines (SGLang's ``round_robin`` router policy): the baseline the
+affinity rule is measured against (bench/dp_routing.py).
+
 Engines that cannot take work (dead, stalled, restarting) are never chosen.
 The router is pure bookkeeping: it never looks at a clock or a socket, so it
 is tested on made-up loads.
@@ -34,6 +38,8 @@ from paternoster import _core
 DEFAULT_MAX_PREFIX_BLOCKS = 256
 #: Block hashes remembered (LRU), all engines together.
 DEFAULT_MAX_ENTRIES = 1 << 16
+#: The routing policies :class:`Router` knows (``--data-parallel-routing``).
+ROUTING_POLICIES = ("affinity", "round_robin")
 
 
 def prefix_block_hashes(token_ids: Sequence[int], block_size: int,
@@ -82,6 +88,8 @@ class Router:
 
     Args:
         num_engines: engines to route between (>= 1).
+        policy: ``"affinity"`` (the module's rule) or ``"round_robin"``
+            (rotation over the available engines, prefixes and loads ignored).
         max_entries: block hashes remembered (LRU), >= 1.
         balance_abs_threshold: an affinity engine is overloaded only with more
             than this many requests above the least loaded one (>= 0).
@@ -92,7 +100,10 @@ class Router:
     """
 
     def __init__(self, num_engines: int, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 balance_abs_threshold: int = 8, balance_rel_threshold: float = 1.5):  # fmt: skip
+                 balance_abs_threshold: int = 8, balance_rel_threshold: float = 1.5,
+                 policy: str = "affinity"):  # fmt: skip
+        if policy not in ROUTING_POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(ROUTING_POLICIES)}, got {policy!r}")
         if num_engines < 1:
             raise ValueError(f"num_engines must be >= 1, got {num_engines}")
         if max_entries < 1:
@@ -102,6 +113,7 @@ class Router:
         if balance_rel_threshold < 1.0:
             raise ValueError(f"balance_rel_threshold must be >= 1, got {balance_rel_threshold}")
         self.num_engines = num_engines
+        self.policy = policy
         self.max_entries = max_entries
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
@@ -148,6 +160,8 @@ class Router:
         """
         if len(loads) != self.num_engines:
             raise ValueError(f"expected {self.num_engines} engine loads, got {len(loads)}")
+        if self.policy == "round_robin":
+            return self.next_available(loads)
         least = self.least_loaded(loads)
         chosen = least
         cached = self.cached_engine(hashes)
@@ -162,6 +176,22 @@ class Router:
             self.num_affinity_routed += 1
         self.record(hashes, chosen)
         return chosen
+
+    def next_available(self, loads: Sequence[EngineLoad]) -> int:
+        """The first available engine at or after the rotation point, which
+        then moves past it (``round_robin``).
+
+        Raises:
+            NoEngineAvailableError: no engine is available.
+        """
+        n = len(loads)
+        for k in range(n):
+            i = (self._next + k) % n
+            if loads[i].available:
+                self._next = (i + 1) % n
+                self.num_load_routed += 1
+                return i
+        raise NoEngineAvailableError("no engine is available")
 
     def least_loaded(self, loads: Sequence[EngineLoad]) -> int:
         """The available engine with the fewest requests, then the lowest KV

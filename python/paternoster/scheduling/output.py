@@ -18,11 +18,14 @@ class SchedulerOutput:
         num_scheduled_tokens: tokens each of ``scheduled`` computes this step
             (same order), each >= 1; their sum never exceeds the token budget.
         preempted: requests preempted (recompute) while building this plan.
+        rejected: ``(request, reason)`` for waiting requests the policy
+            finished with an error instead of running (``Scheduler.reject``).
     """
 
     scheduled: list[Request] = field(default_factory=list)
     num_scheduled_tokens: list[int] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    rejected: list[tuple[Request, str]] = field(default_factory=list)
     _arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
         default=None, repr=False, compare=False
     )

@@ -52,13 +52,16 @@ class RequestQueue(ABC):
             IndexError: the queue is empty.
         """
 
-    @abstractmethod
     def pop_request(self) -> Request:
-        """Take the next request out of the queue.
+        """Take the next request out of the queue (default: the one
+        :meth:`peek_request` names, through :meth:`remove_request`).
 
         Raises:
             IndexError: the queue is empty.
         """
+        request = self.peek_request()
+        self.remove_request(request)
+        return request
 
     @abstractmethod
     def remove_request(self, request: Request) -> None:

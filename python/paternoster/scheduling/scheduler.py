@@ -13,7 +13,8 @@ budget per step for prefill and decode alike (vLLM v1): every request has
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -113,6 +114,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions_total = 0
+        #: The engine's clock (seconds; the simulator's virtual clock in
+        #: ``paternoster simulate``), the one ``Request.arrival_time`` is on.
+        #: The engine sets it after construction.
+        self.clock: Callable[[], float] = time.monotonic
         self._ids = itertools.count()
 
     # ----------------------------------------------------------------- queues
@@ -227,6 +232,15 @@ class Scheduler:
 
     def on_finished(self, request: Request) -> None:
         """Called when ``request`` finishes (any reason, abort included)."""
+
+    def on_step_time(self, out: SchedulerOutput, seconds: float) -> None:
+        """Called after each step that ran, with its plan and its period as a
+        decode sees it, on :attr:`clock` (measured in the server, the cost
+        model's time in the simulator): from the previous step's end when the
+        engine stepped back to back (its loop's work between steps included),
+        else from this step's start, to this step's end. Called after
+        :meth:`update_from_output` (``num_computed_tokens`` has advanced;
+        ``out.batch_arrays()`` holds the plan as of planning). Default: nothing."""
 
     def schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         """Admit waiting requests after the running ones got their tokens.
@@ -365,6 +379,21 @@ class Scheduler:
         out.preempted.append(request)
         self.requeue_preempted(request)
         return freed
+
+    def reject(self, request: Request, out: SchedulerOutput, reason: str) -> None:
+        """Finish a waiting request with an error instead of running it (load
+        shedding): it leaves ``waiting`` with status ``FINISHED_ERROR``, is
+        listed in ``out.rejected`` and the engine ends it with an "overloaded"
+        error (HTTP 503).
+
+        Raises:
+            ValueError: ``request`` is not waiting.
+        """
+        if request not in self.waiting:
+            raise ValueError(f"cannot reject {request.request_id!r}: it is not waiting")
+        self.waiting.remove_request(request)
+        self._finish(request, RequestStatus.FINISHED_ERROR)
+        out.rejected.append((request, reason))
 
     # -------------------------------------------------------------- the step
 

@@ -12,7 +12,7 @@ See docs/simulator.md. Iteration-level scheduling after Orca
 OSDI'24).
 """
 
-from paternoster.simulate.cost_model import DEFAULT_COST_MODEL, CostModel, StepWork
+from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL, CostModel, StepWork
 from paternoster.simulate.executor import simulate
 from paternoster.simulate.results import (
     RequestMetrics,

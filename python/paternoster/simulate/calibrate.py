@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paternoster.simulate.cost_model import CostModel, StepWork
+from paternoster.scheduling.cost_model import CostModel, StepWork
 
 Row = tuple[int, int]
 

@@ -1,7 +1,8 @@
 """``paternoster simulate`` (also ``python -m paternoster.simulate``).
 
 Runs scheduler policies on a trace (JSONL or a synthetic mix) with a cost
-model instead of a model, prints a summary table and writes, under ``--out``,
+model instead of a model, prints a summary table (and, for a trace with
+several tenants, one row per tenant) and writes, under ``--out``,
 the trace used (``trace.jsonl``), per policy a results file (``NAME.json``)
 and a Gantt chart (``NAME.png``), and the tables (``summary.md``).
 ``--calibrate`` first times the real ModelRunner and fits the cost model.
@@ -13,12 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from paternoster.simulate.cost_model import DEFAULT_COST_MODEL, CostModel
+from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL, CostModel
 from paternoster.simulate.results import (
     SimulationResult,
     format_priority_table,
     format_table,
 )
+from paternoster.simulate.tenants import format_tenant_table
 
 
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
@@ -162,12 +164,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     table = format_table(results)
     by_priority = format_priority_table(results)
-    (out / "summary.md").write_text(table + "\n" + by_priority)
+    tenants = len({m.tenant for m in results[0].requests}) > 1
+    by_tenant = format_tenant_table(results) if tenants else ""
+    (out / "summary.md").write_text(table + "\n" + by_priority + (by_tenant and "\n" + by_tenant))
     unit = "time units (steps)" if args.unit_cost else "seconds"
     print(f"{len(trace)} requests; cost model: {cost_model.source or 'custom'}; times in {unit}")
     print(table, end="")
     if len({m.priority for m in results[0].requests}) > 1:
         print("\nby priority:\n" + by_priority, end="")
+    if tenants:
+        print("\nby tenant (output while requests arrive):\n" + by_tenant, end="")
     print(f"results in {out}/")
     return 0
 

@@ -27,8 +27,8 @@ from paternoster.engine.messages import EngineCoreRequest
 from paternoster.model.interface import ModelInput
 from paternoster.request import Request
 from paternoster.sampling_params import SamplingParams
+from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL, CostModel, StepWork
 from paternoster.scheduling.registry import load_scheduler_class
-from paternoster.simulate.cost_model import DEFAULT_COST_MODEL, CostModel, StepWork
 from paternoster.simulate.results import RequestMetrics, SimStep, SimulationResult
 from paternoster.simulate.runner import FAKE_TOKEN, CostModelRunner, SimClock
 from paternoster.simulate.trace import TraceRequest
@@ -64,7 +64,7 @@ def simulate(
             ``priority``, ``static``, or a third-party one).
         scheduler_config: the policy's options (``--scheduler-config``).
         cost_model: step-time model; default
-            :data:`~paternoster.simulate.cost_model.DEFAULT_COST_MODEL` (calibrated on the
+            :data:`~paternoster.scheduling.cost_model.DEFAULT_COST_MODEL` (calibrated on the
             project's 2-core CPU); :meth:`CostModel.unit` counts steps.
         num_kv_blocks: KV cache blocks (default: what ``serve`` allocates for
             the default model, 1 GiB at bf16). block_size: tokens per block.
@@ -143,7 +143,7 @@ def simulate(
                 raise RuntimeError(f"simulation did not finish within max_steps={max_steps}")
             ran = runner.num_steps
             outputs = engine.step()
-            if runner.num_steps == ran:  # the policy scheduled nothing
+            if runner.num_steps == ran and not outputs:  # the policy scheduled nothing
                 if nxt < len(order):
                     clock.advance_to(trace[order[nxt]].arrival_time)
                     continue
@@ -158,6 +158,8 @@ def simulate(
                 m.num_output_tokens += len(out.new_token_ids)
                 if out.finish_reason is not None:
                     m.finish_step = len(steps)
+                if out.finish_reason == "error":  # refused by the policy (load shedding)
+                    m.error = out.error or "error"
     for m, r in zip(metrics, engine_requests):
         m.num_preemptions = r.num_preemptions if r is not None else 0
     return SimulationResult(
@@ -219,6 +221,7 @@ def _make_requests(
                 prompt_token_ids=[(i * 7 + j) % 997 + 2 for j in range(t.prompt_len)],
                 sampling_params=params,
                 priority=t.priority,
+                tenant=t.tenant,
             )
         )
         metrics.append(
@@ -229,6 +232,7 @@ def _make_requests(
                 arrival_time=float(t.arrival_time),
                 prompt_len=t.prompt_len,
                 output_len=t.output_len,
+                tenant=t.tenant,
             )
         )
     return metrics, requests

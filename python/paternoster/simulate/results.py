@@ -31,6 +31,9 @@ class RequestMetrics:
         token_times: end of the step that produced each output token, in order.
         finish_step: 1-based index of the step that produced its last token.
         num_preemptions: times it was preempted (recompute).
+        tenant: from the trace (``None``: the anonymous tenant).
+        error: why the policy refused it (load shedding), or ``None``; a
+            refused request has no tokens and no latencies.
     """
 
     request_id: str
@@ -44,6 +47,8 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     finish_step: int | None = None
     num_preemptions: int = 0
+    tenant: str | None = None
+    error: str | None = None
 
     @property
     def finish_time(self) -> float:
@@ -75,6 +80,8 @@ class RequestMetrics:
         itls = self.itls
         d = asdict(self)
         d.pop("token_times")
+        if not self.token_times:  # refused: no latencies
+            return d
         d.update(
             ttft=self.ttft,
             e2e=self.e2e,
@@ -153,13 +160,15 @@ class SimulationResult:
     def duration(self) -> float:
         """First arrival to last token."""
         start = min(r.arrival_time for r in self.requests)
-        return max(r.finish_time for r in self.requests) - start
+        return max((r.finish_time for r in self.requests if r.token_times), default=start) - start
 
     def summary(self) -> dict:
         """Percentiles and throughput.
 
         Returns:
-            ``num_requests``, ``num_steps``, ``duration``, ``throughput_req_s``,
+            ``num_requests``, ``num_errors`` (requests the policy refused;
+            left out of every other figure), ``num_steps``, ``duration``,
+            ``throughput_req_s``,
             ``throughput_output_tok_s``, ``num_preemptions``, and for ``ttft``,
             ``itl`` (all gaps of all requests pooled), ``itl_mean`` (one mean per
             request), ``e2e`` and ``queue_time`` a dict of ``mean``, ``p50``,
@@ -168,12 +177,13 @@ class SimulationResult:
             each priority value (as a string) to its ``num_requests``, ``ttft``
             and ``e2e`` stats.
         """
-        reqs = self.requests
+        reqs = [r for r in self.requests if r.error is None]
         duration = self.duration
         out_tokens = sum(r.num_output_tokens for r in reqs)
         itls = [g for r in reqs for g in r.itls]
         return {
-            "num_requests": len(reqs),
+            "num_requests": len(self.requests),
+            "num_errors": len(self.requests) - len(reqs),
             "num_steps": len(self.steps),
             "duration": duration,
             "throughput_req_s": len(reqs) / duration if duration > 0 else None,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from paternoster.model.interface import ModelInput, ModelRunnerOutput
-from paternoster.simulate.cost_model import CostModel, StepWork
+from paternoster.scheduling.cost_model import CostModel, StepWork
 
 _NUM_PROMPT_TOKENS = operator.attrgetter("num_prompt_tokens")
 

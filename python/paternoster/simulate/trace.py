@@ -6,8 +6,10 @@ A trace line is a JSON object::
 
 ``arrival_time`` in seconds from the start of the trace (or in steps with the
 unit cost model), ``prompt_len`` and ``output_len`` in tokens; ``priority``
-(default 0, lower runs first), ``request_id`` and ``tag`` (a free label such as
-``chat``) are optional. Each request generates exactly ``output_len`` tokens.
+(default 0, lower runs first), ``request_id``, ``tag`` (a free label such as
+``chat``) and ``tenant`` (who the request is served for, as the HTTP ``user``
+field; the ``fair`` policy shares between tenants) are optional. Each request
+generates exactly ``output_len`` tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class TraceRequest:
         priority: lower runs first under the ``priority`` policy.
         request_id: an id, unique in the trace; ``None`` means ``r<index>``.
         tag: free label (the synthetic mix uses ``chat``, ``summary``, ``long_prompt``).
+        tenant: who the request is served for (``None``: the anonymous tenant).
     Raises:
         ValueError: a field out of range (the message names it).
     """
@@ -41,6 +44,7 @@ class TraceRequest:
     priority: int = 0
     request_id: str | None = None
     tag: str | None = None
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         t = self.arrival_time
@@ -52,13 +56,16 @@ class TraceRequest:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise ValueError(f"priority must be an integer, got {self.priority!r}")
+        if self.tenant is not None and (not isinstance(self.tenant, str) or not self.tenant):
+            raise ValueError(f"tenant must be a non-empty string, got {self.tenant!r}")
 
     def to_dict(self) -> dict:
         """JSON-ready dict; ``None`` fields are left out."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-_FIELDS = {"arrival_time", "prompt_len", "output_len", "priority", "request_id", "tag"}
+_FIELDS = {"arrival_time", "prompt_len", "output_len", "priority", "request_id", "tag",
+           "tenant"}  # fmt: skip
 
 
 def load_trace(path: str | Path) -> list[TraceRequest]:

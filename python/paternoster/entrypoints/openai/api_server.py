@@ -9,21 +9,20 @@ their latest step, added up and per engine; for tests and dashboards), GET /metr
 (Prometheus text format; docs/metrics.md), POST /reset_prefix_cache (forget
 the cached KV blocks), GET /debug/timeline (the request
 timeline as a Chrome/Perfetto trace, or ``?format=snapshot`` for the raw
-snapshot; 404 when the server runs without ``--timeline-size``).
+snapshot; 404 when the server runs without ``--timeline-size``). The last five,
+the operator routes, are in routes_admin.py.
 
 Every error has the OpenAI shape (docs/errors.md), routing's 404/405 and
 unparsable bodies included. With an API key, every route except /health,
 /version and /metrics needs ``Authorization: Bearer KEY`` (401 otherwise).
-Bodies over ``max_body_bytes`` get 413 before they are parsed.
+Bodies over ``max_body_bytes`` get 413 before they are parsed (both checks:
+guard.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import json
 import logging
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
@@ -31,17 +30,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import Discriminator, Tag
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from paternoster.entrypoints.openai.errors import APIError, error_body, error_response
+from paternoster.entrypoints.openai.errors import ERROR_RESPONSES, APIError, error_response
+from paternoster.entrypoints.openai.guard import GuardMiddleware, ServerLimits
 from paternoster.entrypoints.openai.protocol import (
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
-    CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
-    ErrorResponse,
     ModelCard,
     ModelList,
     TokenizeChatRequest,
@@ -49,20 +45,20 @@ from paternoster.entrypoints.openai.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
+from paternoster.entrypoints.openai.protocol_outputs import (
+    ChatCompletionResponse,
+    CompletionResponse,
+)
 from paternoster.entrypoints.openai.responses import create_response
 from paternoster.entrypoints.openai.responses_protocol import ResponsesRequest
+from paternoster.entrypoints.openai.routes_admin import admin_router
 from paternoster.entrypoints.openai.serving import OpenAIServing
 from paternoster.entrypoints.openai.sse import ClientDisconnected
 from paternoster.frontend.data_parallel import DataParallelClient
 from paternoster.frontend.engine_client import EngineClient
-from paternoster.frontend.errors import (
-    EngineDeadError,
-    EngineOverloadedError,
-    TimelineUnavailableError,
-)
+from paternoster.frontend.errors import EngineOverloadedError
 from paternoster.frontend.pipeline import Frontend
 from paternoster.metrics.server import ServerMetrics
-from paternoster.sampling_params import MAX_N
 
 logger = logging.getLogger("paternoster.server")
 
@@ -78,118 +74,6 @@ TokenizeRequest = Annotated[
     Discriminator(_tokenize_kind),
 ]
 
-_ERRORS = {
-    400: {"model": ErrorResponse, "description": "bad input (the parameter is named)"},
-    401: {"model": ErrorResponse, "description": "missing or wrong API key (--api-key)"},
-    404: {"model": ErrorResponse, "description": "unknown model"},
-    413: {"model": ErrorResponse, "description": "request body too large"},
-    503: {
-        "model": ErrorResponse,
-        "description": "the engine is not running, the server is shutting down, or it is "
-        "overloaded (with Retry-After)",
-    },
-}
-
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-DEFAULT_MAX_STOP = 64
-# Routes open without the API key: liveness probes and Prometheus scrapes.
-_OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """Per-request limits and access control of the HTTP server.
-
-    Attributes:
-        api_key: the key clients must send as ``Authorization: Bearer KEY``
-            (``None``: no authentication).
-        max_body_bytes: largest request body in bytes (413 beyond).
-        max_n: largest ``n`` (choices per prompt), at most ``MAX_N``
-            (checked by the request pipeline, for every protocol).
-        max_stop: most ``stop`` strings per request (likewise).
-    """
-
-    api_key: str | None = None
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_n: int = MAX_N
-    max_stop: int = DEFAULT_MAX_STOP
-
-    def __post_init__(self) -> None:
-        if self.max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
-        if not 1 <= self.max_n <= MAX_N:
-            raise ValueError(f"max_n must be in [1, {MAX_N}], got {self.max_n}")
-        if self.max_stop < 0:
-            raise ValueError(f"max_stop must be >= 0, got {self.max_stop}")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("api_key must not be empty")
-
-
-class GuardMiddleware:
-    """ASGI middleware in front of every route: the API key check (401) and the
-    body size limit (413, from ``Content-Length`` or while the body arrives;
-    the body is buffered, then replayed to the app).
-
-    Args:
-        app: the wrapped ASGI app.
-        limits: the key and the size limit.
-    """
-
-    def __init__(self, app: ASGIApp, limits: ServerLimits):
-        self.app = app
-        self.limits = limits
-        key = limits.api_key
-        self._expected = f"Bearer {key}".encode() if key is not None else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        if self._expected is not None and scope.get("path") not in _OPEN_PATHS:
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                await _send_error(send, 401, "Invalid or missing API key "
-                                  "(send 'Authorization: Bearer KEY')")  # fmt: skip
-                return
-        limit = self.limits.max_body_bytes
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            await _send_error(send, 413, f"request body is larger than {limit} bytes")
-            return
-        body = bytearray()
-        while True:  # buffer the body so that an oversized chunked one is refused too
-            msg = await receive()
-            if msg["type"] != "http.request":
-                break
-            body += msg.get("body", b"")
-            if len(body) > limit:
-                await _send_error(send, 413, f"request body is larger than {limit} bytes")
-                return
-            if not msg.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-
-async def _send_error(send: Send, status: int, message: str) -> None:
-    """Send an OpenAI-shaped JSON error straight through ASGI."""
-    payload = json.dumps(error_body(status, message)).encode()
-    await send({
-        "type": "http.response.start", "status": status,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode())],
-    })  # fmt: skip
-    await send({"type": "http.response.body", "body": payload})
-
 
 def _generation_responses(model: type) -> dict:
     """OpenAPI responses of a generation route: JSON, or SSE chunks when ``stream``."""
@@ -198,14 +82,7 @@ def _generation_responses(model: type) -> dict:
         "description": "the completion, or with `stream` a text/event-stream of chunks",
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     }
-    return {200: ok, **_ERRORS}
-
-
-def _timeline_body(snapshot: dict, fmt: str) -> bytes:
-    """The JSON body of GET /debug/timeline: the snapshot, or its Chrome trace."""
-    from paternoster.metrics.chrome_trace import to_chrome_trace
-
-    return json.dumps(snapshot if fmt == "snapshot" else to_chrome_trace(snapshot)).encode()
+    return {200: ok, **ERROR_RESPONSES}
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -317,17 +194,17 @@ def build_app(
         """OpenAI chat completions through the model's chat template."""
         return await serving.create_chat_completion(body, raw)
 
-    @app.post("/v1/responses", response_model=None, responses=_ERRORS)
+    @app.post("/v1/responses", response_model=None, responses=ERROR_RESPONSES)
     async def responses(body: ResponsesRequest, raw: Request):
         """OpenAI Responses (stateless), mapped onto chat completions; SSE when ``stream``."""
         return await create_response(serving, body, raw)
 
-    @app.post("/tokenize", responses={400: _ERRORS[400], 404: _ERRORS[404]})
+    @app.post("/tokenize", responses={400: ERROR_RESPONSES[400], 404: ERROR_RESPONSES[404]})
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         """Token ids of a ``prompt``, or of chat ``messages`` through the chat template."""
         return await serving.run_tokenizer(serving.tokenize, body)
 
-    @app.post("/detokenize", responses={400: _ERRORS[400], 404: _ERRORS[404]})
+    @app.post("/detokenize", responses={400: ERROR_RESPONSES[400], 404: ERROR_RESPONSES[404]})
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         """The text of a list of token ids."""
         return await serving.run_tokenizer(serving.detokenize, body)
@@ -355,94 +232,8 @@ def build_app(
         return ModelCard(id=served_model_name, root=client.info.get("model_dir"),
                          max_model_len=serving.max_model_len)  # fmt: skip
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        """200 ``{"status": "ok"}`` while at least one engine serves, or 503
-        with the reason none can: dead, restarting, stalled (no heartbeat for
-        ``--engine-stall-timeout`` seconds; 200 again once it resumes) or
-        shutting down. ``engines`` gives each engine's ``status`` (and
-        ``reason`` when it cannot serve)."""
-        engines = [{"engine": i, "status": "ok"} if r is None else
-                   {"engine": i, "status": "unhealthy", "reason": r}
-                   for i, r in enumerate(c.unavailable_reason for c in client.engines)]  # fmt: skip
-        reason = client.unavailable_reason
-        if reason is None:
-            return JSONResponse({"status": "ok", "engines": engines})
-        return JSONResponse({"status": "unhealthy", "reason": reason, "engines": engines},
-                            status_code=503)  # fmt: skip
+    app.include_router(admin_router(client, metrics))
 
-    @app.get("/stats")
-    async def stats() -> JSONResponse:
-        """Frontend counters (live) and the engines' stats as of their latest
-        ``outputs`` message (sent after every step) or heartbeat (every 0.5 s),
-        whichever is newer, added up in ``engine``; plus engine 0's pid and
-        thread count, and in ``engines`` each engine's state, pid, threads
-        and stats; ``router`` counts requests routed by prefix affinity and by load."""
-        return JSONResponse(
-            {
-                "alive": client.is_alive,
-                "dead_reason": client.dead_reason,
-                "unavailable_reason": client.unavailable_reason,
-                "num_in_flight": client.num_in_flight,
-                "num_waiting": client.num_waiting,
-                "num_waiting_tokens": client.num_waiting_tokens,
-                "num_reserved": client.num_reserved,
-                "num_reserved_tokens": client.num_reserved_tokens,
-                "engine_pid": client.pid,
-                "scheduler": client.info.get("scheduler"),
-                "num_threads": client.info.get("num_threads"),
-                "engine": client.stats,
-                "engines": client.describe_engines(),
-                "router": {"affinity": client.router.num_affinity_routed,
-                           "load": client.router.num_load_routed},
-            }
-        )
-
-    @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
-        """Prometheus metrics (text exposition format); see docs/metrics.md."""
-        return Response(metrics.render(), media_type=metrics.content_type)
-
-    @app.get(
-        "/debug/timeline",
-        responses={
-            400: _ERRORS[400],
-            404: {"model": ErrorResponse, "description": "timelines are off (--timeline-size 0)"},
-            503: _ERRORS[503],
-        },
-    )
-    async def debug_timeline(format: str = "chrome", engine: int = 0) -> Response:
-        """An engine's request timeline (docs/metrics.md): ``format=chrome`` (default)
-        a Chrome/Perfetto trace, ``format=snapshot`` the raw snapshot; ``engine``
-        picks the data-parallel engine (default 0). 404 when timelines are off,
-        503 when the engine is down, 400 for another format or engine."""
-        if format not in ("chrome", "snapshot"):
-            raise APIError(400, "format must be 'chrome' or 'snapshot'", "format")
-        if not 0 <= engine < client.num_engines:
-            raise APIError(400, f"engine must be in [0, {client.num_engines})", "engine")
-        try:
-            snapshot = await client.timeline(engine=engine)
-        except TimelineUnavailableError as e:
-            raise APIError(404, str(e)) from None
-        except (EngineDeadError, TimeoutError) as e:
-            raise APIError(503, f"engine unavailable: {e}") from None
-        # A full ring buffer is megabytes of JSON: build it off the event loop.
-        body = await asyncio.to_thread(_timeline_body, snapshot, format)
-        return Response(body, media_type="application/json")
-
-    @app.post("/reset_prefix_cache", responses={400: _ERRORS[400], 503: _ERRORS[503]})
-    async def reset_prefix_cache() -> JSONResponse:
-        """Forget every cached KV block (vLLM's operator endpoint), e.g. to measure
-        cold-cache latency; running requests keep their blocks. Returns
-        ``{"num_blocks_reset": N}``; 400 when the engine has no prefix cache, 503
-        when it is down."""
-        try:
-            n = await client.reset_prefix_cache()
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
-        except (EngineDeadError, TimeoutError) as e:
-            raise APIError(503, f"engine unavailable: {e}") from None
-        return JSONResponse({"num_blocks_reset": n})
 
     app.openapi = lambda: _openapi_schema(app)  # FastAPI's documented override
     return app

@@ -13,7 +13,8 @@ import json
 from typing import Any
 
 from paternoster.entrypoints.openai.errors import bad_request
-from paternoster.entrypoints.openai.protocol import ChatMessage, ChatTool
+from paternoster.entrypoints.openai.protocol import ChatMessage
+from paternoster.entrypoints.openai.protocol_tools import ChatTool
 from paternoster.frontend.processor import ChatInput
 
 

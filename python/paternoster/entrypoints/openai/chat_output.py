@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paternoster.entrypoints.openai.protocol import AssistantMessage, DeltaMessage
+from paternoster.entrypoints.openai.protocol_outputs import AssistantMessage, DeltaMessage
 from paternoster.entrypoints.openai.tool_calls import ChoiceToolCalls, ToolPlan
 from paternoster.reasoning_parsers import ReasoningParser
 

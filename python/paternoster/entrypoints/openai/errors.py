@@ -76,3 +76,17 @@ def error_response(
 def bad_request(message: str, param: str | None = None) -> APIError:
     """An :class:`APIError` with status 400 (``BadRequestError``)."""
     return APIError(400, message, param)
+
+
+# The OpenAPI description of each error status; every route declares those it can return.
+ERROR_RESPONSES = {
+    400: {"model": ErrorResponse, "description": "bad input (the parameter is named)"},
+    401: {"model": ErrorResponse, "description": "missing or wrong API key (--api-key)"},
+    404: {"model": ErrorResponse, "description": "unknown model"},
+    413: {"model": ErrorResponse, "description": "request body too large"},
+    503: {
+        "model": ErrorResponse,
+        "description": "the engine is not running, the server is shutting down, or it is "
+        "overloaded (with Retry-After)",
+    },
+}

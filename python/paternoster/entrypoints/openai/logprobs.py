@@ -18,7 +18,7 @@ import functools
 import re
 from typing import Any
 
-from paternoster.entrypoints.openai.protocol import (
+from paternoster.entrypoints.openai.protocol_outputs import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,

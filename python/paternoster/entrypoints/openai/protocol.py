@@ -1,4 +1,7 @@
-"""Pydantic request and response models of the OpenAI-compatible API.
+"""Pydantic request and response models of the OpenAI-compatible API: the
+request bodies, and the bodies of /tokenize, /detokenize, /version, /v1/models
+and errors. Tool calling's models are in protocol_tools.py, what the
+generation endpoints return in protocol_outputs.py.
 
 Requests ignore unknown fields (as OpenAI does) but their types are strict:
 no coercion of ``"yes"`` or ``1`` to a boolean, of ``"5"`` to a number (an
@@ -20,15 +23,12 @@ from pydantic import (
     ValidationInfo,
     create_model,
     field_validator,
-    model_serializer,
 )
 from pydantic_core import PydanticCustomError
 
+from paternoster.entrypoints.openai.protocol_base import _Request
+from paternoster.entrypoints.openai.protocol_tools import ChatTool, NamedToolChoice, ToolCallItem
 from paternoster.sampling_params import SamplingParams, request_fields
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Request):
@@ -95,9 +95,15 @@ class _OpenAIFields(_Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
+    slo_ttft_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="time-to-first-token target in seconds (the `slo` scheduler)")
+    slo_itl_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="inter-token latency target in seconds (the `slo` scheduler)")
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with `stream: true`")
-    user: str | None = Field(None, description="accepted and ignored")
+    user: str | None = Field(None, description="tenant of the `fair` scheduler (X-Tenant-Id wins)")
     response_format: ResponseFormat | None = Field(
         None, description="OpenAI's structured output: json_object or json_schema")
     guided_json: dict[str, Any] | str | None = Field(
@@ -168,21 +174,6 @@ class TextPart(_Request):
     text: str | None = None
 
 
-class FunctionCall(_Request):
-    """The ``function`` of a tool call: its name and its arguments as JSON text."""
-
-    name: str
-    arguments: str
-
-
-class ToolCallItem(_Request):
-    """An item of an assistant message's ``tool_calls`` (OpenAI's shape)."""
-
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
 class ChatMessage(_Request):
     """One chat message: ``role`` and ``content`` (string or text parts).
 
@@ -199,35 +190,6 @@ class ChatMessage(_Request):
     tool_call_id: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
-
-
-class FunctionDefinition(_Request):
-    """A function the model may call: ``parameters`` is its arguments' JSON schema."""
-
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ChatTool(_Request):
-    """An item of ``tools`` (only ``function`` tools exist)."""
-
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
-
-
-class NamedFunction(_Request):
-    """The ``function`` of a named ``tool_choice``."""
-
-    name: str
-
-
-class NamedToolChoice(_Request):
-    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
-
-    type: Literal["function"] = "function"
-    function: NamedFunction
 
 
 class _ChatTemplateFields(_Request):
@@ -266,160 +228,6 @@ class ChatCompletionRequest(_ChatTemplateFields, _SamplingFields):
         True, description="return the reasoning split off by --reasoning-parser (vLLM)")
     reasoning_effort: Literal["low", "medium", "high"] | None = Field(
         None, description="passed to the chat template as reasoning_effort (gpt-oss)")
-
-
-class UsageInfo(BaseModel):
-    """Token counts: prompt (once per prompt) and generated (all choices)."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class CompletionLogprobs(BaseModel):
-    """Legacy completions ``logprobs``: per token its text, log-probability,
-    the top alternatives (``{token text: logprob}``, the token itself
-    included) and its character offset in the choice's text. The first prompt
-    token of an ``echo`` has ``None`` for both."""
-
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    """One choice of a completion or completion chunk."""
-
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class CompletionResponse(BaseModel):
-    """Non-streaming /v1/completions response."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo
-
-
-class CompletionStreamResponse(BaseModel):
-    """One SSE chunk of /v1/completions (``usage`` only in the final chunk
-    when ``include_usage``)."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class TopLogprob(BaseModel):
-    """An alternative token at a position of a chat ``logprobs.content`` entry."""
-
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatTokenLogprob(TopLogprob):
-    """One generated token of a chat choice with its top alternatives."""
-
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    """Chat ``choices[].logprobs``."""
-
-    content: list[ChatTokenLogprob] | None = None
-
-
-class FunctionCallOut(BaseModel):
-    """The ``function`` of a generated tool call (``arguments``: compact JSON text)."""
-
-    name: str
-    arguments: str
-
-
-class ToolCallOut(BaseModel):
-    """A generated tool call."""
-
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallOut
-
-
-class AssistantMessage(BaseModel):
-    """The generated message of a chat choice: ``content`` is null when the
-    model only called tools; ``tool_calls`` is empty when it called none;
-    ``reasoning_content`` and ``reasoning`` (the same text, vLLM's older and
-    newer names) hold what ``--reasoning-parser`` split off."""
-
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[ToolCallOut] = Field(default_factory=list)
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-
-
-class ChatChoice(BaseModel):
-    """One choice of a chat completion."""
-
-    index: int
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    """Non-streaming /v1/chat/completions response."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
-
-
-class DeltaMessage(BaseModel):
-    """The ``delta`` of a chat chunk; unset fields are left out of the JSON."""
-
-    role: str | None = None
-    content: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler: Any) -> dict:
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatChunkChoice(BaseModel):
-    """One choice of a chat chunk."""
-
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    """One SSE chunk of /v1/chat/completions."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: UsageInfo | None = None
 
 
 class TokenizeCompletionRequest(_Request):

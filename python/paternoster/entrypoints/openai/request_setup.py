@@ -1,16 +1,43 @@
 """What every generation endpoint keeps about one HTTP request while it
 answers: the submitted generation, its id and time, the stream's usage
-settings, and how a stream's chunks are encoded."""
+settings, how a stream's chunks are encoded, and who the request is served for
+(its tenant)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from paternoster.entrypoints.openai.protocol import UsageInfo
+from paternoster.entrypoints.openai.protocol_outputs import UsageInfo
 from paternoster.entrypoints.openai.sse import event
 from paternoster.frontend.generation import Generation
+
+TENANT_HEADER = "X-Tenant-Id"
+"""The request header naming the tenant, for clients that cannot set the
+body's ``user`` field; when both are given the header wins (a gateway in front
+of the server sets it from its own authentication, whatever the body says)."""
+
+
+def request_tenant(user: str | None, headers: Mapping[str, str]) -> tuple[str | None, str]:
+    """The tenant an HTTP request is served for, and the field it came from.
+
+    A non-empty :data:`TENANT_HEADER` header wins over the body's ``user``; an
+    empty header or ``user`` counts as absent; neither gives ``None``, the one
+    anonymous tenant. The name is validated by the request pipeline
+    (:func:`~paternoster.frontend.processor.check_tenant`: at most 256
+    characters, else a 400 naming the field).
+
+    Args:
+        user: the body's OpenAI ``user`` field.
+        headers: the request's headers (case-insensitive lookup, as Starlette's).
+    Returns:
+        ``(tenant, param)``: the name or ``None``, and ``"user"`` or the header's name.
+    """
+    header = headers.get(TENANT_HEADER)
+    if header:
+        return header, TENANT_HEADER
+    return (user or None), "user"
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from paternoster.entrypoints.openai.protocol import _Request
+from paternoster.entrypoints.openai.protocol_base import _Request
 
 
 class InputTextPart(_Request):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from fastapi import Request
@@ -30,17 +30,24 @@ from paternoster.entrypoints.openai.logprobs import (
 )
 from paternoster.entrypoints.openai.protocol import (
     SAMPLING_FIELDS,
-    CompletionChoice,
     CompletionRequest,
-    CompletionResponse,
-    CompletionStreamResponse,
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
 )
-from paternoster.entrypoints.openai.request_setup import Setup, chunk_encoder, usage
+from paternoster.entrypoints.openai.protocol_outputs import (
+    CompletionChoice,
+    CompletionResponse,
+    CompletionStreamResponse,
+)
+from paternoster.entrypoints.openai.request_setup import (
+    Setup,
+    chunk_encoder,
+    request_tenant,
+    usage,
+)
 from paternoster.entrypoints.openai.serving_chat import ChatServing
 from paternoster.entrypoints.openai.sse import (
     EventStream,
@@ -117,7 +124,8 @@ class OpenAIServing(ChatServing):
         sampling = self._sampling(body)
         sampling["logprobs"] = body.logprobs
         sampling["prompt_logprobs"] = body.logprobs if body.echo else None
-        setup = await self._submit(body, prompt, sampling, "cmpl", COMPLETIONS_DEFAULT_MAX_TOKENS)
+        setup = await self._submit(body, prompt, sampling, "cmpl", COMPLETIONS_DEFAULT_MAX_TOKENS,
+                                   headers=raw.headers)  # fmt: skip
         gen = setup.gen
         want_logprobs = body.logprobs is not None
         try:  # every way out before the requests are sent gives their room back
@@ -206,8 +214,11 @@ class OpenAIServing(ChatServing):
 
     async def _submit(self, body: Any, prompts: Any, sampling: dict, prefix: str,
                       default_max_tokens: int | None = None, prompt_param: str = "prompt",
-                      max_tokens_param: str = "max_tokens") -> Setup:  # fmt: skip
+                      max_tokens_param: str = "max_tokens",
+                      headers: Mapping[str, str] | None = None) -> Setup:  # fmt: skip
         """Hand the request to the pipeline; its errors become HTTP errors.
+        The tenant is the ``X-Tenant-Id`` header of ``headers`` or the body's
+        ``user`` (:func:`request_tenant`).
 
         Raises:
             APIError: 400 bad input, 503 engine down.
@@ -218,10 +229,13 @@ class OpenAIServing(ChatServing):
         gate = None
         if self.reasoning_parser is not None and prompt_param == "messages":
             gate = self.reasoning_parser.grammar_gate
+        tenant, tenant_param = request_tenant(body.user, headers or {})
         options = RequestOptions(
             request_id_prefix=prefix, priority=body.priority, cache_salt=body.cache_salt,
             default_max_tokens=default_max_tokens, prompt_param=prompt_param,
-            constraint_param=constraint_param, reasoning_gate=gate,
+            constraint_param=constraint_param, reasoning_gate=gate, tenant=tenant,
+            tenant_param=tenant_param,
+            slo_ttft_s=body.slo_ttft_s, slo_itl_s=body.slo_itl_s,
         )  # fmt: skip
         try:
             sub: Submitted = await self.frontend.submit(prompts, sampling, options)

@@ -22,11 +22,11 @@ from paternoster.entrypoints.openai.chat_output import ChoiceOutput, ReasoningPl
 from paternoster.entrypoints.openai.constraints import SOURCE_PARAM
 from paternoster.entrypoints.openai.errors import bad_request
 from paternoster.entrypoints.openai.logprobs import chat_logprobs
-from paternoster.entrypoints.openai.protocol import (
+from paternoster.entrypoints.openai.protocol import ChatCompletionRequest
+from paternoster.entrypoints.openai.protocol_outputs import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     DeltaMessage,
 )
@@ -93,7 +93,7 @@ class ChatServing:
         setup = await self._submit(
             body, chat, sampling, "chatcmpl", prompt_param="messages",
             max_tokens_param="max_completion_tokens"
-            if body.max_completion_tokens is not None else "max_tokens",
+            if body.max_completion_tokens is not None else "max_tokens", headers=raw.headers,
         )  # fmt: skip
         gen = setup.gen
         try:  # every way out before the requests are sent gives their room back

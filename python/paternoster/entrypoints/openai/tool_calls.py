@@ -24,7 +24,8 @@ from typing import Any
 
 from paternoster.entrypoints.openai.constraints import SOURCE_PARAM
 from paternoster.entrypoints.openai.errors import bad_request
-from paternoster.entrypoints.openai.protocol import ChatCompletionRequest, ToolCallOut
+from paternoster.entrypoints.openai.protocol import ChatCompletionRequest
+from paternoster.entrypoints.openai.protocol_tools import ToolCallOut
 from paternoster.structured_outputs import normalize_spec
 from paternoster.tool_parsers import StreamDelta, StreamingToolParser, ToolParser
 from paternoster.tool_parsers.forced import (

@@ -1,4 +1,8 @@
-"""Step-time cost model of the simulator: a linear function of what a step computes.
+"""Step-time cost model: a linear function of what a step computes.
+
+Used by the simulator (docs/simulator.md) to time steps and by the ``slo``
+scheduler to plan them (docs/schedulers.md); it lives in ``scheduling`` so that
+both layers can import it.
 
 ``t = overhead + a_prefill * prefill_tokens + a_decode * decode_tokens
 + a_kv * decode_kv_tokens + a_kv_prefill * prefill_kv_tokens`` seconds. The

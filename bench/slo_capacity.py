@@ -1,0 +1,288 @@
+"""Capacity of fcfs, chunked_prefill and slo within p95 TTFT and p95 ITL
+objectives, in the simulator and (``--real``) on the real server, in one run.
+
+    .venv/bin/python bench/slo_capacity.py                 # simulator only, both mixes (~1 min)
+    .venv/bin/python bench/slo_capacity.py --real          # + real servers (hours; quiet machine)
+
+The capacity is the highest Poisson request rate at which p95 TTFT and p95
+ITL stay within their objectives (default 2 s and 0.2 s), found by
+:func:`paternoster.bench.capacity.find_capacity` (ramp x2, then bisect).
+Simulated probe at rate ``r``: the same requests ``paternoster bench capacity
+--seed S --mix M`` sends at that rate (lengths from
+:func:`~paternoster.bench.workload.make_mix`, send times from
+:func:`~paternoster.bench.workload.arrival_offsets`, prompt length = words),
+through :func:`paternoster.simulate.simulate` (the real scheduler classes on
+the calibrated cost model). Real probe: ``paternoster serve`` started per
+policy and searched by ``paternoster bench capacity`` with the same plan
+(:mod:`paternoster.bench.peer_servers`). With ``--real`` the cost model is
+first calibrated on this machine at the server's thread count
+(``--cost-model`` to give one), so the prediction is for this machine.
+
+Policies: ``fcfs``; ``chunked_prefill`` with a token budget
+(``--max-num-batched-tokens``) of 128, 256, 512 and 2048 (``--chunks``; 2048
+is the server's default); ``slo`` with the objectives as its targets (and,
+with a calibrated model, that model as its starting point). Ratios are against the better of fcfs
+and the best chunked_prefill. Mixes: ``cpu`` (prompts <= 1024 tokens, the
+CPU mix of docs/benchmarks.md) and ``long`` (the same plus the default mix's
+5 % long prompts, scaled to this CPU: 1024-2048 tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paternoster.bench import peer_servers
+from paternoster.bench.capacity import CapacityResult, Objectives, SearchPlan, find_capacity
+from paternoster.bench.workload import PromptMaker, arrival_offsets, make_mix, parse_mix
+
+#: The CPU mix plus the default mix's 5 % long prompts, halved for this CPU
+#: (the shares of :data:`~paternoster.bench.workload.DEFAULT_MIX`).
+LONG_MIX = ("short=0.6:16-256:8-64,summary=0.25:256-1024:64-256,"
+            "long_gen=0.1:16-128:256-512,long_prompt=0.05:1024-2048:8-64")  # fmt: skip
+MIXES = {"cpu": peer_servers.CPU_MIX, "long": LONG_MIX}
+#: The default model's context (tokens); prompts are fitted to it as
+#: ``paternoster bench capacity`` fits them (completions, no tokenizer).
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One contender: a label, the scheduler, its options and its step budget."""
+
+    label: str
+    scheduler: str
+    config: dict = field(default_factory=dict)
+    max_num_batched_tokens: int = 2048
+
+    def serve_args(self) -> list[str]:
+        """The ``paternoster serve`` flags that select it."""
+        args = ["--scheduler", self.scheduler,
+                "--max-num-batched-tokens", str(self.max_num_batched_tokens)]  # fmt: skip
+        if self.config:
+            args += ["--scheduler-config", json.dumps(self.config)]
+        return args
+
+
+def policies(chunks: list[int], objectives: Objectives, slo_config: dict) -> list[Policy]:
+    """fcfs, chunked_prefill at each budget in ``chunks``, and slo whose targets
+    are ``objectives`` (more options in ``slo_config``)."""
+    out = [Policy("fcfs", "fcfs")]
+    out += [Policy(f"chunked_prefill {c}", "chunked_prefill", max_num_batched_tokens=c)
+            for c in chunks]  # fmt: skip
+    slo = {"ttft_s": objectives.ttft_p95, "itl_s": objectives.itl_p95, **slo_config}
+    out.append(Policy("slo", "slo", slo))
+    return out
+
+
+# -------------------------------------------------------------- simulator
+
+
+def sim_trace(mix: str, rate: float, n: int, seed: int, max_model_len: int) -> list:
+    """The requests ``paternoster bench capacity`` sends at ``rate`` as a
+    simulator trace (lengths in words = tokens, Poisson send times)."""
+    from paternoster.simulate import TraceRequest
+
+    fit = max(2, int((max_model_len - 8) * 0.9))  # bench/cli.py: completions, no tokenizer
+    reqs = make_mix(n, PromptMaker(None, seed), parse_mix(mix), fit, seed)
+    times = arrival_offsets(n, rate, 1.0, seed)
+    return [TraceRequest(round(float(t), 6), r.prompt_len, r.output_len, tag=r.tag)
+            for r, t in zip(reqs, times)]  # fmt: skip
+
+
+def sim_summary(result) -> dict:
+    """A simulation's figures in the shape :meth:`Objectives.judge` reads."""
+    s = result.summary()
+    n, errors = s["num_requests"], s["num_errors"]
+    return {"num_sent": n, "num_completed": n - errors, "error_rate": errors / n,
+            "ttft": s["ttft"], "itl": s["itl"], "request_throughput": s["throughput_req_s"]}
+
+
+def sim_capacity(policy: Policy, mix: str, plan: SearchPlan, objectives: Objectives,
+                 args: argparse.Namespace, cost_model) -> CapacityResult:  # fmt: skip
+    """Search ``policy``'s capacity on ``mix`` in the simulator."""
+    from paternoster.simulate import simulate
+
+    def probe(load: float, _time_left, _req_left):
+        n = max(args.probe_requests, math.ceil(load * args.probe_duration))
+        trace = sim_trace(mix, load, n, args.seed, args.max_model_len)
+        res = simulate(trace, policy.scheduler, policy.config, cost_model,
+                       max_num_batched_tokens=policy.max_num_batched_tokens,
+                       max_model_len=args.max_model_len)  # fmt: skip
+        return sim_summary(res), False
+
+    return find_capacity(plan, objectives, probe)
+
+
+# ------------------------------------------------------------ real server
+
+
+def real_capacity(policy: Policy, mix: str, args: argparse.Namespace, out_dir: Path) -> dict:
+    """Start ``paternoster serve`` with ``policy`` and search its capacity with
+    ``paternoster bench capacity`` (the JSON it writes)."""
+    plan = peer_servers.CapacityPlan(
+        start=args.start, probe_duration=args.probe_duration, probe_requests=args.probe_requests,
+        max_duration=args.max_duration, bisect_rounds=args.real_bisect_rounds,
+        warmup=args.warmup, slo_ttft_p95=args.slo_ttft_p95, slo_itl_p95=args.slo_itl_p95,
+        mix=mix, seed=args.seed,
+    )  # fmt: skip
+    port = peer_servers.free_port()
+    cmd = [peer_servers.paternoster_cli(), "serve", "--port", str(port), "--num-threads",
+           str(args.num_threads), *policy.serve_args(), *args.serve_args]  # fmt: skip
+    name = policy.label.replace(" ", "-")
+    with peer_servers.running_server(cmd, port, out_dir / f"{name}.log", 600) as url:
+        return peer_servers.run_capacity(plan, url, args.max_model_len, out_dir / f"{name}.json")
+
+
+# ----------------------------------------------------------------- report
+
+
+def _cap(x: float | None) -> str:
+    return "none" if x is None else f"{x:g}"
+
+
+def _ratios(caps: dict[str, float | None]) -> dict[str, float | None]:
+    """Each capacity over the better of fcfs and the best chunked_prefill."""
+    base = max((c for k, c in caps.items() if k != "slo" and c is not None), default=None)
+    return {k: (c / base if c is not None and base else None) for k, c in caps.items()}
+
+
+def table(mix: str, sim: dict[str, float | None], real: dict[str, float | None]) -> str:
+    """Markdown: per policy the simulated capacity and ratio, and the measured
+    ones with the simulator's error when there are any."""
+    rs, rr = _ratios(sim), _ratios(real) if real else {}
+    head = "| mix | policy | sim capacity (req/s) | sim ratio |"
+    sep = "|---|---|---:|---:|"
+    if real:
+        head += " measured (req/s) | measured ratio | sim / measured |"
+        sep += "---:|---:|---:|"
+    lines = [head, sep]
+    for k, c in sim.items():
+        row = f"| {mix} | {k} | {_cap(c)} | {_fmt_ratio(rs[k])} |"
+        if real:
+            m = real.get(k)
+            err = f"{c / m:.2f}" if c and m else "-"
+            row += f" {_cap(m)} | {_fmt_ratio(rr.get(k))} | {err} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def _fmt_ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}×"
+
+
+# ------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (module doc)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mixes", default="cpu,long", help="cpu, long or both (comma-separated)")
+    ap.add_argument("--chunks", default="128,256,512,2048",
+                    help="chunked_prefill token budgets (comma-separated)")  # fmt: skip
+    ap.add_argument("--slo-ttft-p95", type=float, default=2.0, help="seconds")
+    ap.add_argument("--slo-itl-p95", type=float, default=0.2, help="seconds")
+    ap.add_argument("--start", type=float, default=0.5, help="first rate (req/s)")
+    ap.add_argument("--probe-duration", type=float, default=60.0, metavar="S",
+                    help="at least rate x S requests per probe")  # fmt: skip
+    ap.add_argument("--probe-requests", type=int, default=50, help="at least this many")
+    ap.add_argument("--bisect-rounds", type=int, default=6, help="simulator")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slo-config", type=json.loads, default={},
+                    help="more slo options, JSON (e.g. '{\"margin\": 0.05}')")  # fmt: skip
+    ap.add_argument("--policies", default=None,
+                    help="only these labels, comma-separated (e.g. fcfs,slo)")  # fmt: skip
+    ap.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    ap.add_argument("--cost-model", default=None,
+                    help="cost model JSON (default: calibrated default, or with --real "
+                         "calibrated now at --num-threads)")  # fmt: skip
+    ap.add_argument("--out", default=None, help="directory (default build/slo_capacity/<time>)")
+    g = ap.add_argument_group("real servers (--real)")
+    g.add_argument("--real", action="store_true", help="also measure on the real server")
+    g.add_argument("--num-threads", type=int, default=1, help="engine threads (and calibration)")
+    g.add_argument("--real-bisect-rounds", type=int, default=3)
+    g.add_argument("--max-duration", type=float, default=900.0, help="seconds per search")
+    g.add_argument("--warmup", type=int, default=4, help="warm-up requests per server")
+    g.add_argument("--serve-args", default="", help="more `paternoster serve` flags, one string")
+    args = ap.parse_args(argv)
+    args.mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
+    bad = sorted(set(args.mixes) - set(MIXES))
+    if bad:
+        ap.error(f"unknown mixes {bad}; choose from {sorted(MIXES)}")
+    args.chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
+    args.serve_args = args.serve_args.split()
+    return args
+
+
+def _cost_model(args: argparse.Namespace, out_dir: Path):
+    """The cost model to simulate with (module doc), and the JSON file it is
+    in (``None`` for the built-in default); a calibration is saved there."""
+    from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL, CostModel
+
+    if args.cost_model:
+        return CostModel.load(args.cost_model), str(Path(args.cost_model).resolve())
+    if not args.real:
+        return DEFAULT_COST_MODEL, None
+    from paternoster.simulate.calibrate import calibrate
+
+    cal = calibrate(num_threads=args.num_threads, log=print)
+    print(cal.report(), flush=True)
+    path = (out_dir / "cost_model.json").resolve()
+    cal.cost_model.save(path)
+    return cal.cost_model, str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the searches and print one table per mix; 1 on a server failure."""
+    args = parse_args(argv)
+    objectives = Objectives(args.slo_ttft_p95, args.slo_itl_p95)
+    plan = SearchPlan("rate", args.start, 2.0, args.bisect_rounds, 0.02)
+    out_dir = Path(args.out or f"build/slo_capacity/{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cost_model, cost_model_path = _cost_model(args, out_dir)
+    slo_config = dict(args.slo_config)
+    if cost_model_path is not None:  # slo plans with the model the simulator runs on
+        slo_config.setdefault("cost_model", cost_model_path)
+    contenders = policies(args.chunks, objectives, slo_config)
+    if args.policies:
+        keep = {p.strip() for p in args.policies.split(",")}
+        contenders = [p for p in contenders if p.label in keep or p.scheduler in keep]
+    results: dict = {"cost_model": cost_model.to_dict(), "mixes": {}}
+    tables = []
+    for mix in args.mixes:
+        sim: dict[str, float | None] = {}
+        real: dict[str, float | None] = {}
+        for p in contenders:
+            t0 = time.monotonic()
+            res = sim_capacity(p, MIXES[mix], plan, objectives, args, cost_model)
+            sim[p.label] = res.capacity
+            print(f"sim {mix} {p.label}: {_cap(res.capacity)} req/s "
+                  f"({len(res.probes)} probes, {time.monotonic() - t0:.1f} s)", flush=True)
+            results["mixes"].setdefault(mix, {})[p.label] = {"sim": res.to_dict()}
+        if args.real:
+            for p in contenders:
+                try:
+                    search = real_capacity(p, MIXES[mix], args, out_dir / mix)
+                except RuntimeError as e:
+                    print(f"real {mix} {p.label}: {e}", file=sys.stderr)
+                    return 1
+                real[p.label] = search.get("capacity")
+                results["mixes"][mix][p.label]["real"] = search
+                print(f"real {mix} {p.label}: {_cap(real[p.label])} req/s "
+                      f"({peer_servers.describe_probes(search)})", flush=True)
+        tables.append(table(mix, sim, real))
+    report = "\n\n".join(tables)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out_dir / "table.md").write_text(report + "\n")
+    print(f"\np95 TTFT <= {args.slo_ttft_p95:g} s, p95 ITL <= {args.slo_itl_p95:g} s; "
+          f"cost model: {cost_model.source}; JSON in {out_dir}\n\n{report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

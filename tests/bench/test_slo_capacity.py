@@ -1,0 +1,69 @@
+"""bench/slo_capacity.py: the simulated probe sends what `paternoster bench
+capacity` sends, and the tables (no server)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from paternoster.bench.capacity import Objectives, SearchPlan
+from paternoster.bench.cli import _Workload
+from paternoster.bench.serve import ServeConfig, schedule
+from paternoster.bench.slo_capacity import (
+    LONG_MIX,
+    Policy,
+    parse_args,
+    policies,
+    sim_capacity,
+    sim_trace,
+    table,
+)  # fmt: skip
+
+
+def bench_capacity_probe(mix: str, rate: float, n: int, seed: int, max_model_len: int):
+    """The requests and send offsets of one `paternoster bench capacity` probe."""
+    args = argparse.Namespace(tokenizer=None, api="completions", prefix_len=0, mix=mix,
+                              dataset="mix", seed=seed, output_len=128)  # fmt: skip
+    requests = _Workload(args, max_model_len).make(n)
+    config = ServeConfig(base_url="http://x", model="m", request_rate=rate, seed=seed)
+    return requests, schedule(config, requests)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_simulated_probe_is_the_real_probe(seed):
+    requests, offsets = bench_capacity_probe(LONG_MIX, 1.5, 90, seed, 8192)
+    trace = sim_trace(LONG_MIX, 1.5, 90, seed, 8192)
+    assert [t.prompt_len for t in trace] == [r.prompt_len for r in requests]
+    assert [t.output_len for t in trace] == [r.output_len for r in requests]
+    assert [t.arrival_time for t in trace] == pytest.approx(offsets, abs=1e-6)
+
+
+def test_policies_and_serve_flags():
+    ps = policies([128, 2048], Objectives(2.0, 0.2), {"margin": 0.05})
+    assert [p.label for p in ps] == ["fcfs", "chunked_prefill 128", "chunked_prefill 2048", "slo"]
+    assert ps[1].serve_args() == ["--scheduler", "chunked_prefill",
+                                  "--max-num-batched-tokens", "128"]  # fmt: skip
+    slo = ps[-1].serve_args()
+    assert slo[:2] == ["--scheduler", "slo"] and '"itl_s": 0.2' in slo[-1]
+    assert '"margin": 0.05' in slo[-1]
+
+
+def test_table_ratios_are_against_the_best_baseline():
+    text = table("cpu", {"fcfs": 2.0, "chunked_prefill 256": 2.5, "slo": 3.0},
+                 {"fcfs": 2.0, "chunked_prefill 256": 2.0, "slo": 2.5})  # fmt: skip
+    assert "| cpu | slo | 3 | 1.20× | 2.5 | 1.25× | 1.20 |" in text
+    assert "| cpu | fcfs | 2 | 0.80× |" in text
+
+
+def test_a_simulated_search_runs_and_finds_a_capacity():
+    args = parse_args(["--probe-duration", "20", "--probe-requests", "10"])
+    plan = SearchPlan("rate", 0.5, 2.0, 1, 0.1)
+    res = sim_capacity(Policy("slo", "slo"), LONG_MIX, plan, Objectives(2.0, 0.2), args, None)
+    assert res.capacity is not None and res.capacity >= 0.5
+    assert all(p.ok is not None for p in res.probes)
+
+
+def test_unknown_mix_is_refused():
+    with pytest.raises(SystemExit):
+        parse_args(["--mixes", "gpu"])
