@@ -130,14 +130,19 @@ class Completion:
     prompt_logprobs: list | None = None
 
 
+_REQUEST_FIELDS = ("cache_salt", "tenant", "slo_ttft_s", "slo_itl_s")
+"""Keyword arguments of ``generate`` sent as the message's own fields, not in ``sampling``."""
+
+
 def generate_message(
     prompt: str | None, prompt_token_ids: list[int] | None, request_id: str | None,
     stream: bool, priority: int, add_special_tokens: bool, sampling: dict[str, Any],
 ) -> tuple[str, dict]:
     """A ``generate`` message and its id (``request_id`` or a fresh unique one).
-    ``sampling`` may also hold ``cache_salt`` (prefix-cache isolation) and
-    ``tenant`` (who the request is served for, for the ``fair`` scheduler),
-    each sent as the message's own field.
+    ``sampling`` may also hold ``cache_salt`` (prefix-cache isolation),
+    ``tenant`` (who the request is served for, for the ``fair`` scheduler) and
+    ``slo_ttft_s`` / ``slo_itl_s`` (latency targets in seconds, for the ``slo``
+    scheduler), each sent as the message's own field (``None``: left out).
 
     Raises:
         ValueError: neither or both of ``prompt`` and ``prompt_token_ids``, or an
@@ -146,7 +151,7 @@ def generate_message(
     if (prompt is None) == (prompt_token_ids is None):
         raise ValueError("give exactly one of prompt and prompt_token_ids")
     sampling = dict(sampling)
-    request_fields = {k: sampling.pop(k) for k in ("cache_salt", "tenant") if k in sampling}
+    request_fields = {k: sampling.pop(k) for k in _REQUEST_FIELDS if k in sampling}
     unknown = sorted(set(sampling) - set(p.SAMPLING_FIELDS))
     if unknown:
         raise ValueError(f"unknown sampling fields {unknown}; known: {list(p.SAMPLING_FIELDS)}")

@@ -103,8 +103,10 @@ class Client:
                 expiry the request is aborted and ``TimeoutError`` raised.
             **sampling: ``SamplingParams`` fields (``max_tokens=16``,
                 ``temperature``, ``top_p``, ``stop``, ``seed``, ``logprobs``, ...),
-                ``cache_salt`` (prefix-cache isolation) and ``tenant`` (who the
-                request is served for: the ``fair`` scheduler's unit of sharing).
+                ``cache_salt`` (prefix-cache isolation), ``tenant`` (who the
+                request is served for: the ``fair`` scheduler's unit of sharing)
+                and ``slo_ttft_s`` / ``slo_itl_s`` (latency targets in seconds:
+                the ``slo`` scheduler).
         Returns:
             The :class:`Completion`.
         Raises:

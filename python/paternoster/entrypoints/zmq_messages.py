@@ -106,7 +106,12 @@ class Hello(_Message):
 
 
 class Generate(_Message):
-    """``generate``: one request, a prompt as text or token ids."""
+    """``generate``: one request, a prompt as text or token ids.
+
+    ``slo_ttft_s`` / ``slo_itl_s`` are the request's latency targets in
+    seconds (the ``slo`` scheduler); their range (a finite number > 0) is
+    checked by the request pipeline, as for HTTP.
+    """
 
     v: int
     type: str
@@ -119,6 +124,8 @@ class Generate(_Message):
     add_special_tokens: bool = True
     cache_salt: str | None = None
     tenant: str | None = None
+    slo_ttft_s: float | None = None
+    slo_itl_s: float | None = None
 
 
 class Abort(_Message):

@@ -381,7 +381,8 @@ class ZmqServer:
         options = RequestOptions(
             request_id_prefix="zmq", priority=msg.priority, cache_salt=msg.cache_salt,
             default_max_tokens=p.DEFAULT_MAX_TOKENS, add_special_tokens=msg.add_special_tokens,
-            prompt_param=param, tenant=msg.tenant,
+            prompt_param=param, tenant=msg.tenant, slo_ttft_s=msg.slo_ttft_s,
+            slo_itl_s=msg.slo_itl_s,
         )  # fmt: skip
         sub = await self.frontend.submit(prompts, msg.sampling.fields(), options)
         return sub.generation
@@ -419,9 +420,14 @@ class ZmqServer:
 # ------------------------------------------------------------------ messages
 
 
+# The generate message's own fields (every other pipeline field is a sampling one).
+_MESSAGE_FIELDS = frozenset({"prompt", "prompt_token_ids", "priority", "cache_salt", "tenant",
+                             "slo_ttft_s", "slo_itl_s"})  # fmt: skip
+
+
 def _sampling_param(param: str | None) -> str | None:
     """The protocol's name of a pipeline field: sampling fields sit in ``sampling``."""
-    return param if param in (None, "prompt", "prompt_token_ids") else f"sampling.{param}"
+    return param if param is None or param in _MESSAGE_FIELDS else f"sampling.{param}"
 
 
 def _delta(rid: str, d: ChoiceDelta) -> dict:

@@ -34,6 +34,7 @@ from paternoster.frontend.processor import (
     check_text,
 )
 from paternoster.metrics.requests import RequestMetrics
+from paternoster.request import check_slo_target
 from paternoster.sampling_params import MAX_N
 from paternoster.structured_outputs import GATE_KEY, check_spec
 
@@ -174,7 +175,9 @@ class Frontend:
             The accepted request; its waiting-queue room is reserved until
             its choices are sent (the generation holds the reservation).
         Raises:
-            InvalidRequestError: a bad prompt or field (naming it).
+            InvalidRequestError: a bad prompt or field (naming it; an SLO
+                target that is not a finite number > 0 names ``slo_ttft_s`` or
+                ``slo_itl_s``).
             EngineDeadError: the engine cannot take work.
             EngineOverloadedError: the waiting queue is full (nothing reserved).
         """
@@ -185,6 +188,11 @@ class Frontend:
                 raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
             check_text(salt, "cache_salt")
         check_tenant(options.tenant, options.tenant_param)
+        for name in ("slo_ttft_s", "slo_itl_s"):
+            try:
+                check_slo_target(getattr(options, name), name)
+            except ValueError as e:
+                raise InvalidRequestError(str(e), name) from None
         ids, texts = await self.run_tokenizer(self._tokenize, prompts, options)
         spec = sampling.get("structured_outputs")
         if options.reasoning_gate is not None and spec is not None and texts[0] is not None:
