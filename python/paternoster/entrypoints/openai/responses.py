@@ -127,7 +127,8 @@ def to_chat_request(body: ResponsesRequest) -> dict:
     {"name"}}``; ``text.format`` -> ``response_format``; ``reasoning.effort``
     -> ``chat_template_kwargs["reasoning_effort"]`` (the client's own
     ``chat_template_kwargs`` win); a stream asks for the usage chunk.
-    Sampling fields (``temperature``, ``top_p``, ``seed``) and ``user`` are
+    Sampling fields (``temperature``, ``top_p``, ``seed``), ``user`` and the
+    scheduling fields (``priority``, ``slo_ttft_s``, ``slo_itl_s``) are
     copied; fields left unset are left out.
     """
     chat: dict[str, Any] = {"messages": to_chat_messages(body), "stream": body.stream}
@@ -135,7 +136,9 @@ def to_chat_request(body: ResponsesRequest) -> dict:
         chat["stream_options"] = {"include_usage": True}
     copied = {"model": body.model, "max_completion_tokens": body.max_output_tokens,
               "temperature": body.temperature, "top_p": body.top_p, "seed": body.seed,
-              "user": body.user, "parallel_tool_calls": body.parallel_tool_calls}  # fmt: skip
+              "user": body.user, "parallel_tool_calls": body.parallel_tool_calls,
+              "priority": body.priority or None, "slo_ttft_s": body.slo_ttft_s,
+              "slo_itl_s": body.slo_itl_s}  # fmt: skip
     chat.update({k: v for k, v in copied.items() if v is not None})
     if body.tools is not None:
         chat["tools"] = [

@@ -177,7 +177,9 @@ class ResponsesRequest(_Request):
     ``instructions`` becomes a leading system message. ``store`` is accepted
     but nothing is stored, so ``previous_response_id`` and ``conversation``
     are a 400. ``chat_template_kwargs`` (a vLLM extension) goes to the chat
-    template as is.
+    template as is. ``priority``, ``slo_ttft_s`` and ``slo_itl_s`` are this
+    server's scheduling fields, as on chat completions; ``user`` (or the
+    ``X-Tenant-Id`` header, which wins) is the tenant.
     """
 
     model: str | None = None
@@ -195,7 +197,14 @@ class ResponsesRequest(_Request):
     reasoning: ResponsesReasoningConfig | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
-    user: str | None = None
+    user: str | None = Field(None, description="tenant of the `fair` scheduler (X-Tenant-Id wins)")
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
+    slo_ttft_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="time-to-first-token target in seconds (the `slo` scheduler)")
+    slo_itl_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="inter-token latency target in seconds (the `slo` scheduler)")
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
     previous_response_id: str | None = None
