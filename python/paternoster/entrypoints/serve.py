@@ -93,6 +93,7 @@ async def serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_request_body_bytes,
             max_n=args.max_n,
             max_stop=args.max_stop_sequences,
+            metrics_max_tenants=args.metrics_max_tenants,
         )
         client = DataParallelClient.create(
             config,

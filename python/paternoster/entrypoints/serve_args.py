@@ -82,9 +82,20 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _add_hardening_args(parser: argparse.ArgumentParser) -> None:
     """Security, overload and shutdown flags of ``serve`` (docs/errors.md)."""
     from paternoster.entrypoints.openai.guard import DEFAULT_MAX_STOP
+    from paternoster.metrics.requests import DEFAULT_MAX_TENANTS
     from paternoster.sampling_params import MAX_N
 
     g = parser.add_argument_group("limits, security and shutdown")
@@ -101,6 +112,13 @@ def _add_hardening_args(parser: argparse.ArgumentParser) -> None:
                    help=f"largest n per request (at most {MAX_N})")  # fmt: skip
     g.add_argument("--max-stop-sequences", type=int, default=DEFAULT_MAX_STOP,
                    help="most stop strings per request")  # fmt: skip
+    g.add_argument(
+        "--metrics-max-tenants", type=_non_negative_int, default=DEFAULT_MAX_TENANTS,
+        metavar="N",
+        help="the first N distinct tenants get a tenant label of their own in the "
+             "paternoster:tenant_* metrics; later ones count under tenant=\"other\" "
+             f"(default {DEFAULT_MAX_TENANTS})",
+    )  # fmt: skip
     g.add_argument(
         "--max-waiting-requests", type=positive_int, default=None, metavar="N",
         help="at most N requests waiting for their first token; beyond, 503 with "

@@ -51,6 +51,7 @@ class Generation:
                  slo: tuple[float | None, float | None] = (None, None)):  # fmt: skip
         self.client = client
         self.metrics = metrics
+        self.tenant = tenant
         self.reservation = reservation
         self.request_id = request_id
         self.prompts = prompts
@@ -97,7 +98,8 @@ class Generation:
                 the engine client (the other choices are aborted).
         """
         queue: asyncio.Queue = asyncio.Queue()
-        tracker = self.metrics.track(self.num_prompt_tokens) if self.metrics else None
+        tracker = (self.metrics.track(self.num_prompt_tokens, self.tenant)
+                   if self.metrics else None)  # fmt: skip
         reasons: list[str] = []
 
         async def run(req, state: SequenceState) -> None:

@@ -5,6 +5,13 @@ many prompts and choices ``n`` it has: vLLM counts them so) with
 ``time.monotonic()``, from the moment the frontend hands the request to the
 engine client. Inter-token latency is measured per choice (the gaps of each
 stream a client reads).
+
+Per-tenant counters (``paternoster:tenant_*``, label ``tenant``) count the
+same requests and tokens by the request's tenant (``user`` / ``X-Tenant-Id``
+/ the ZeroMQ ``tenant`` field): ``tenant=""`` is the anonymous tenant (no
+tenant given, the ``fair`` policy's ``None``), and once ``max_tenants``
+distinct named tenants have a label, further ones count under
+``tenant="other"``, so a client cannot grow the label set without bound.
 """
 
 from __future__ import annotations
@@ -16,6 +23,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from paternoster.engine.messages import EngineCoreOutput
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+DEFAULT_MAX_TENANTS = 64
+"""Distinct named tenants that get a ``tenant`` label of their own."""
+ANONYMOUS_TENANT_LABEL = ""
+"""The ``tenant`` label of requests without a tenant (the anonymous tenant)."""
+OTHER_TENANTS_LABEL = "other"
+"""The ``tenant`` label of the tenants beyond the cap."""
 # An API request's reason is its choices' worst: an error anywhere is an error.
 _PRECEDENCE = ("error", "abort", "length", "stop")
 
@@ -38,9 +52,36 @@ class RequestMetrics:
 
     Args:
         registry: where to register.
+        max_tenants: distinct named tenants labelled by name in the
+            ``paternoster:tenant_*`` counters (first come, first labelled;
+            later ones count under ``tenant="other"``; 0: all of them do).
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry,
+                 max_tenants: int = DEFAULT_MAX_TENANTS) -> None:  # fmt: skip
+        if max_tenants < 0:
+            raise ValueError(f"max_tenants must be >= 0, got {max_tenants}")
+        self.max_tenants = max_tenants
+        self._tenant_labels: set[str] = set()
+        self.tenant_requests = Counter(
+            "paternoster:tenant_requests",
+            "Finished API requests by tenant, any finish reason (requests); tenant \"\" is "
+            "the anonymous one, \"other\" the tenants beyond --metrics-max-tenants.",
+            ["tenant"],
+            registry=registry,
+        )
+        self.tenant_prompt_tokens = Counter(
+            "paternoster:tenant_prompt_tokens",
+            "Prompt tokens of API requests whose prefill completed, by tenant (tokens).",
+            ["tenant"],
+            registry=registry,
+        )
+        self.tenant_generation_tokens = Counter(
+            "paternoster:tenant_generation_tokens",
+            "Generated tokens delivered to clients, by tenant (tokens).",
+            ["tenant"],
+            registry=registry,
+        )
         self.prompt_tokens = Counter(
             "paternoster:prompt_tokens",
             "Prompt tokens of API requests whose prefill completed, each prompt once (tokens).",
@@ -85,13 +126,27 @@ class RequestMetrics:
             registry=registry,
         )
 
-    def track(self, num_prompt_tokens: int) -> RequestTracker:
+    def tenant_label(self, tenant: str | None) -> str:
+        """The ``tenant`` label a request of ``tenant`` counts under: ``""``
+        for ``None``, the name for the first ``max_tenants`` named tenants
+        seen, ``"other"`` for any later one."""
+        if tenant is None:
+            return ANONYMOUS_TENANT_LABEL
+        if tenant in self._tenant_labels:
+            return tenant
+        if len(self._tenant_labels) < self.max_tenants:
+            self._tenant_labels.add(tenant)
+            return tenant
+        return OTHER_TENANTS_LABEL
+
+    def track(self, num_prompt_tokens: int, tenant: str | None = None) -> RequestTracker:
         """Start timing one API request (now).
 
         Args:
             num_prompt_tokens: its prompts' tokens, each prompt once.
+            tenant: who it is served for (``None``: the anonymous tenant).
         """
-        return RequestTracker(self, num_prompt_tokens)
+        return RequestTracker(self, num_prompt_tokens, tenant=self.tenant_label(tenant))
 
 
 class RequestTracker:
@@ -106,13 +161,17 @@ class RequestTracker:
         metrics: where to record.
         num_prompt_tokens: the prompts' tokens (each prompt once).
         start: ``time.monotonic()`` seconds of submission (default: now).
+        tenant: the ``tenant`` label it counts under
+            (:meth:`RequestMetrics.tenant_label`).
     """
 
     def __init__(
-        self, metrics: RequestMetrics, num_prompt_tokens: int, start: float | None = None
+        self, metrics: RequestMetrics, num_prompt_tokens: int, start: float | None = None,
+        tenant: str = ANONYMOUS_TENANT_LABEL,
     ) -> None:
         self.metrics = metrics
         self.num_prompt_tokens = num_prompt_tokens
+        self.tenant = tenant
         self.start = time.monotonic() if start is None else start
         self.first_token_time: float | None = None
         self._last_token_time: dict[str, float] = {}  # per choice (engine request id)
@@ -136,6 +195,7 @@ class RequestTracker:
             self.first_token_time = now
             m.ttft.observe(now - self.start)
             m.prompt_tokens.inc(self.num_prompt_tokens)
+            m.tenant_prompt_tokens.labels(self.tenant).inc(self.num_prompt_tokens)
         last = self._last_token_time.get(out.request_id)
         if last is not None:
             m.itl.observe(now - last)
@@ -159,6 +219,8 @@ class RequestTracker:
         m = self.metrics
         m.e2e.observe(now - self.start)
         m.generation_tokens.inc(num_generation_tokens)
+        m.tenant_generation_tokens.labels(self.tenant).inc(num_generation_tokens)
+        m.tenant_requests.labels(self.tenant).inc()
         known = [r if r in FINISHED_REASONS else "error" for r in reasons] or ["abort"]
         reason = next(r for r in _PRECEDENCE if r in known)
         m.request_success.labels(reason).inc()

@@ -137,9 +137,9 @@ def build_app(
     app = FastAPI(title="Paternoster", version=__version__, docs_url=None, redoc_url=None)
     if isinstance(client, EngineClient):
         client = DataParallelClient([client])
-    metrics = ServerMetrics(client.engine_stats, client.num_engines)
-    client.add_iteration_listener(metrics.engine.observe_iteration_tokens)
     limits = limits or ServerLimits()
+    metrics = ServerMetrics(client.engine_stats, client.num_engines, limits.metrics_max_tenants)
+    client.add_iteration_listener(metrics.engine.observe_iteration_tokens)
     frontend = Frontend(client, tokenizer, served_model_name, metrics.requests, chat_template,
                         limits.max_n, limits.max_stop)  # fmt: skip
     serving = OpenAIServing(frontend, tool_parser, reasoning_parser, trust_request_chat_template)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from paternoster.entrypoints.openai.errors import error_body
+from paternoster.metrics.requests import DEFAULT_MAX_TENANTS
 from paternoster.sampling_params import MAX_N
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -30,12 +31,16 @@ class ServerLimits:
         max_n: largest ``n`` (choices per prompt), at most ``MAX_N``
             (checked by the request pipeline, for every protocol).
         max_stop: most ``stop`` strings per request (likewise).
+        metrics_max_tenants: distinct tenants that get a ``tenant`` label of
+            their own in the per-tenant metrics (later ones count under
+            ``"other"``).
     """
 
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_n: int = MAX_N
     max_stop: int = DEFAULT_MAX_STOP
+    metrics_max_tenants: int = DEFAULT_MAX_TENANTS
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -44,6 +49,8 @@ class ServerLimits:
             raise ValueError(f"max_n must be in [1, {MAX_N}], got {self.max_n}")
         if self.max_stop < 0:
             raise ValueError(f"max_stop must be >= 0, got {self.max_stop}")
+        if self.metrics_max_tenants < 0:
+            raise ValueError(f"metrics_max_tenants must be >= 0, got {self.metrics_max_tenants}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty")
 
