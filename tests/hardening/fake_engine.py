@@ -10,7 +10,8 @@ test process shares; ``num_steps``: steps begun before the abort), so tests
 can count the steps a request ran after its client went away.
 
 With ``"request_log": PATH`` it appends one JSON line per request it is
-given, ``{"add": id, "tenant": ..., "priority": ..., "cache_salt": ...}``:
+given, ``{"add": id, "tenant": ..., "priority": ..., "cache_salt": ...,
+"slo_ttft_s": ..., "slo_itl_s": ...}``:
 the fields as decoded in the engine process, so tests can check that a
 request field crossed the HTTP or ZeroMQ frontend and the engine link.
 """
@@ -53,7 +54,9 @@ class QueueingFakeEngine(FakeEngineCore):
             with open(path, "a") as f:
                 f.write(json.dumps({"add": request.request_id, "tenant": request.tenant,
                                     "priority": request.priority,
-                                    "cache_salt": request.cache_salt}) + "\n")  # fmt: skip
+                                    "cache_salt": request.cache_salt,
+                                    "slo_ttft_s": request.slo_ttft_s,
+                                    "slo_itl_s": request.slo_itl_s}) + "\n")  # fmt: skip
 
     def abort_requests(self, request_ids):
         outs = super().abort_requests(request_ids)
