@@ -12,6 +12,7 @@ from paternoster.entrypoints.engine_args import (
     ENGINE_ARG_NAMES,
     build_engine_config,
     parse_bytes,
+    parse_scheduler_config,
 )
 from tests.entrypoints.utils import REPO_ROOT, child_env
 
@@ -23,6 +24,22 @@ def test_parse_bytes_accepts_plain_and_suffixed_sizes():
     assert parse_bytes("1.5GB") == 1_500_000_000
     with pytest.raises(ValueError):
         parse_bytes("lots")
+
+
+def test_scheduler_config_is_a_json_object_inline_or_in_a_file(tmp_path):
+    assert parse_scheduler_config('{"ttft_s": 2}') == {"ttft_s": 2}
+    path = tmp_path / "slo.json"
+    path.write_text('{"itl_s": 0.1}')
+    assert parse_scheduler_config(str(path)) == {"itl_s": 0.1}
+    for value, match in [("[]", "must be a JSON object, got list"),
+                         ("3", "must be a JSON object, got int"),
+                         ("{bad", "is not valid JSON"),
+                         (str(tmp_path / "none.json"), "or a JSON file path")]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            parse_scheduler_config(value)
+    path.write_text("[1]")
+    with pytest.raises(ValueError, match="must be a JSON object, got list"):
+        parse_scheduler_config(str(path))
 
 
 def test_serve_flags_build_the_engine_config():

@@ -146,7 +146,7 @@ def test_tenant_reaches_the_engine_requests(llm, monkeypatch):
 
 
 def test_bad_tenant_is_a_value_error_naming_it(llm):
-    with pytest.raises(ValueError, match="got 1 tenants for 2 prompts"):
+    with pytest.raises(ValueError, match="got 1 tenant values for 2 prompts"):
         llm.generate(["a", "b"], tenant=["x"])
     with pytest.raises(ValueError, match="tenant must be a non-empty string"):
         llm.generate("a", tenant="")

@@ -173,7 +173,7 @@ def test_chat_and_errors_match_one_engine(dp_llm, single):
             llm.generate([[1, 2], [99999]], GREEDY)
         with pytest.raises(ValueError, match="got 1 sampling params for 2 prompts"):
             llm.generate([[1], [2]], [GREEDY])
-        with pytest.raises(ValueError, match="got 1 tenants for 2 prompts"):
+        with pytest.raises(ValueError, match="got 1 tenant values for 2 prompts"):
             llm.generate([[1], [2]], GREEDY, tenant=["x"])
     with pytest.raises(ValueError, match=r"engine must be in \[0, 2\)"):
         dp_llm.timeline(engine=2)

@@ -59,6 +59,8 @@ def test_a_killed_worker_fails_the_next_step_at_once_naming_it(tp_llm):
     assert time.monotonic() - start < 2.0
     tp_llm.shutdown()  # nothing to wait for: returns at once, and leaves the group
     assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match=r"workers were stopped \(LLM.shutdown\(\)"):
+        tp_llm.generate(PROMPTS[:1], GREEDY)
 
 
 def test_a_model_tensor_parallel_does_not_split_is_refused_before_any_worker(tmp_path):

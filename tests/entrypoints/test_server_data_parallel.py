@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 
 import httpx
 import pytest
@@ -127,7 +128,17 @@ def test_one_engine_dying_fails_only_its_requests_and_it_comes_back(fake_dp_serv
     stats = srv.wait_for(lambda s: [e["num_in_flight"] for e in s["engines"]] == [1, 1],
                          timeout=30, what="one request on each engine")  # fmt: skip
     victim = stats["engines"][1]
+    running = "paternoster:num_requests_running"
+    srv.wait_for(lambda s: value(scrape(srv.url), running, engine="1") == 1, timeout=30,
+                 what="engine 1's heartbeat with its request running")  # fmt: skip
     os.kill(victim["engine_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not any(r.status_code == 503 for r in list(results.values())):
+        assert time.monotonic() < deadline, "the victim's request did not fail"
+        time.sleep(0.05)
+    # Its request failed: the dead engine's gauges read 0, not its last
+    # heartbeat (scraped before the restart, which spawns a new process).
+    assert value(scrape(srv.url), running, engine="1") == 0
     for t in threads:
         t.join(60)
     codes = sorted(r.status_code for r in results.values())

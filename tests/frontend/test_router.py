@@ -190,3 +190,4 @@ def test_round_robin_rotates_over_available_engines_whatever_the_prefix_and_load
     with pytest.raises(NoEngineAvailableError):
         r.route(hashes, _loads(0, 0, 0, dead=(0, 1, 2)))
     assert r.num_affinity_routed == 0 and len(r) == 0  # nothing remembered
+    assert (r.num_round_robin_routed, r.num_load_routed) == (10, 0)  # what /stats shows

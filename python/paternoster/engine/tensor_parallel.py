@@ -163,7 +163,8 @@ class RankWorkers:
                              "initialised in this process (shut down the other tensor-parallel "
                              "LLM first: LLM.shutdown())")
         self.size = n
-        self.broken = False
+        self.broken = False  # a step failed or the workers were stopped: no more steps
+        self.stopped = False  # stop() ran (said so in the error of a later step)
         self.store = dist.TCPStore(HOST, 0, n, True, timeout=timedelta(seconds=JOIN_TIMEOUT_S),
                                    wait_for_workers=False)
         frame = encode_frame("config", config.to_dict())
@@ -263,6 +264,9 @@ class RankWorkers:
         Raises:
             RuntimeError: a worker is gone (naming it); the engine cannot go on.
         """
+        if self.stopped:
+            raise RuntimeError("tensor parallel: the workers were stopped (LLM.shutdown() or "
+                               "the engine's shutdown)")
         if self.broken:
             raise RuntimeError("tensor parallel: an earlier step failed; the ranks are out "
                                "of step")
@@ -282,7 +286,7 @@ class RankWorkers:
         Idempotent."""
         if not self.broken:
             stop_all(self.procs, STOP_TIMEOUT_S, "tensor-parallel worker")
-        self.broken = True
+        self.broken = self.stopped = True
         self._finalizer()
         for p in self.procs:
             p.stdin.close()

@@ -6,6 +6,7 @@ import argparse
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from paternoster.config import (
     LOAD_FORMATS,
@@ -185,21 +186,32 @@ def parse_scheduler_config(value: dict | str | None) -> dict:
         return {}
     if isinstance(value, dict):
         return dict(value)
-    text = value
-    if not value.lstrip().startswith("{"):
-        try:
-            text = Path(value).read_text()
-        except OSError as e:
-            raise ValueError(
-                f"scheduler_config must be a JSON object or a JSON file path: {e}"
-            ) from None
     try:
-        parsed = json.loads(text)
+        parsed = json.loads(value)
     except json.JSONDecodeError as e:
-        raise ValueError(f"scheduler_config is not valid JSON: {e}") from None
+        if value.lstrip().startswith("{"):
+            raise ValueError(f"scheduler_config is not valid JSON: {e}") from None
+        parsed = _read_json_file(value)
     if not isinstance(parsed, dict):
-        raise ValueError("scheduler_config must be a JSON object")
+        raise ValueError(f"scheduler_config must be a JSON object, got {type(parsed).__name__}")
     return parsed
+
+
+def _read_json_file(path: str) -> Any:
+    """The JSON in the file ``path`` (``--scheduler-config`` given as a path).
+
+    Raises:
+        ValueError: unreadable file or malformed JSON.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ValueError(
+            f"scheduler_config must be a JSON object or a JSON file path: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"scheduler_config file {path} is not valid JSON: {e}") from None
 
 
 def positive_int(text: str) -> int:

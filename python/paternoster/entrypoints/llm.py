@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from paternoster.entrypoints.engine_args import build_engine_config, resolve_model_dir
 from paternoster.frontend.output_processor import SequenceState, fan_out
-from paternoster.frontend.processor import InputProcessor, check_tenant, per_prompt, slo_targets
+from paternoster.frontend.processor import (
+    InputProcessor,
+    check_priority,
+    check_tenant,
+    per_prompt,
+    slo_targets,
+)
 from paternoster.outputs import RequestOutput
 from paternoster.sampling_params import SamplingParams
 
@@ -356,8 +362,8 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != n:
                 raise ValueError(f"got {len(params_list)} sampling params for {n} prompts")
-        priorities = [int(p or 0) for p in per_prompt(priority, n, "priorities", int)]
-        tenants = per_prompt(tenant, n, "tenants", str)
+        priorities = [check_priority(p) for p in per_prompt(priority, n, "priority", int)]
+        tenants = per_prompt(tenant, n, "tenant", str)
         for t in set(tenants):
             check_tenant(t, "tenant")
         prepared: list[Prepared] = []

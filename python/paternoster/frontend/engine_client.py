@@ -49,6 +49,9 @@ from paternoster.frontend.link import EngineLink
 from paternoster.frontend.supervisor import EngineSupervisor
 
 logger = logging.getLogger("paternoster.frontend")
+#: Heartbeat stats that describe the engine's present state (what a dead
+#: engine holds is nothing): zeroed when it dies.
+_LIVE_GAUGES = ("num_running", "num_waiting", "kv_cache_usage", "state_slot_usage")
 
 
 class EngineClient(AdmissionCounts):
@@ -395,7 +398,10 @@ class EngineClient(AdmissionCounts):
             raise EngineDeadError(reason)
 
     def _fail_all(self, reason: str) -> None:
-        """Every in-flight request and control call ends with ``reason``."""
+        """Every in-flight request and control call ends with ``reason``; the
+        dead engine's gauges read 0 (its counters keep their last values) until
+        a restarted engine reports."""
+        self.stats = {**self.stats, **{k: 0 for k in _LIVE_GAUGES if k in self.stats}}
         for q in self._queues.values():
             q.put_nowait(EngineDeadError(reason))
         for future in self._reply_waiters.values():

@@ -301,26 +301,43 @@ def param_of(error: ValueError) -> str | None:
     return m.group(1) if m else None
 
 
-def per_prompt(value: Any, n: int, what: str, single: type | tuple[type, ...]) -> list[Any]:
+def per_prompt(value: Any, n: int, name: str, single: type | tuple[type, ...]) -> list[Any]:
     """An offline argument given once for all ``n`` prompts or once per prompt.
 
     Args:
         value: ``None`` or an instance of ``single`` (repeated ``n`` times),
-            or a sequence of ``n`` values.
+            or a list or tuple of ``n`` values.
         n: prompts.
-        what: the values' name in the error ("tenants", "priorities").
+        name: the argument's name, for the errors ("tenant", "priority").
         single: the type(s) of one value.
     Returns:
-        ``n`` values, unchecked.
+        ``n`` values; a sequence's items are unchecked.
     Raises:
-        InvalidRequestError: a sequence of another length.
+        InvalidRequestError: neither ``None``, a ``single`` nor a list/tuple
+            (a string where a number is expected is not read as a sequence of
+            characters), or a sequence of another length.
     """
-    if value is None or isinstance(value, single):
+    if value is None or (isinstance(value, single) and not isinstance(value, bool)):
         return [value] * n
-    values = list(value)
-    if len(values) != n:
-        raise InvalidRequestError(f"got {len(values)} {what} for {n} prompts")
-    return values
+    if not isinstance(value, (list, tuple)):
+        raise InvalidRequestError(
+            f"{name} must be one value or a list of one per prompt, got {type(value).__name__}")
+    if len(value) != n:
+        raise InvalidRequestError(f"got {len(value)} {name} values for {n} prompts")
+    return list(value)
+
+
+def check_priority(value: Any, name: str = "priority") -> int:
+    """An offline request's priority: ``None`` (0) or an int (not a bool).
+
+    Raises:
+        InvalidRequestError: any other type, naming ``name``.
+    """
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be an integer, got {type(value).__name__}")
+    return value
 
 
 def slo_targets(slo_ttft_s: Any, slo_itl_s: Any, n: int) -> list[tuple[float | None, float | None]]:
@@ -332,7 +349,7 @@ def slo_targets(slo_ttft_s: Any, slo_itl_s: Any, n: int) -> list[tuple[float | N
             number of seconds > 0 (naming the argument).
     """
     ttft, itl = (
-        [check_slo_target(v, name) for v in per_prompt(value, n, f"{name} values", (int, float))]
+        [check_slo_target(v, name) for v in per_prompt(value, n, name, (int, float))]
         for name, value in (("slo_ttft_s", slo_ttft_s), ("slo_itl_s", slo_itl_s))
     )
     return list(zip(ttft, itl))

@@ -119,8 +119,9 @@ class Router:
         self.balance_rel_threshold = balance_rel_threshold
         self._where: OrderedDict[int, int] = OrderedDict()  # block hash -> engine
         self._next = 0  # round-robin start among equally loaded engines
-        self.num_affinity_routed = 0
-        self.num_load_routed = 0
+        self.num_affinity_routed = 0  # affinity: sent where the prefix is cached
+        self.num_load_routed = 0  # affinity: sent to the least loaded engine
+        self.num_round_robin_routed = 0  # round_robin: every request
 
     def __len__(self) -> int:
         """Block hashes remembered."""
@@ -161,7 +162,9 @@ class Router:
         if len(loads) != self.num_engines:
             raise ValueError(f"expected {self.num_engines} engine loads, got {len(loads)}")
         if self.policy == "round_robin":
-            return self.next_available(loads)
+            chosen = self.next_available(loads)
+            self.num_round_robin_routed += 1
+            return chosen
         least = self.least_loaded(loads)
         chosen = least
         cached = self.cached_engine(hashes)
@@ -189,7 +192,6 @@ class Router:
             i = (self._next + k) % n
             if loads[i].available:
                 self._next = (i + 1) % n
-                self.num_load_routed += 1
                 return i
         raise NoEngineAvailableError("no engine is available")
 

@@ -66,8 +66,10 @@ def admin_router(client: DataParallelClient, metrics: ServerMetrics) -> APIRoute
                 "num_threads": client.info.get("num_threads"),
                 "engine": client.stats,
                 "engines": client.describe_engines(),
-                "router": {"affinity": client.router.num_affinity_routed,
-                           "load": client.router.num_load_routed},
+                "router": {"policy": client.router.policy,
+                           "affinity": client.router.num_affinity_routed,
+                           "load": client.router.num_load_routed,
+                           "round_robin": client.router.num_round_robin_routed},
             }
         )
 
