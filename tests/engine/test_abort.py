@@ -56,7 +56,7 @@ def _assert_nothing_left(engine: EngineCore) -> None:
     assert stats["num_free_blocks"] == stats["num_kv_blocks"] and stats["kv_cache_usage"] == 0
     assert engine.kv_cache_manager.num_requests() == 0
     assert engine.batch_builder.num_requests() == 0
-    assert engine._prompt_logprobs == {} and engine._unreported_queue_times == {}
+    assert engine._prompt_logprobs.computed == {} and engine._unreported_queue_times == {}
 
 
 def _assert_aborted(outs, rid: str, prompt_len: int) -> None:
@@ -88,7 +88,7 @@ def test_abort_in_the_middle_of_a_chunked_prefill(model_dir):
     engine.step()
     request = engine.scheduler.requests["long"]
     assert request.status == RequestStatus.RUNNING and request.num_computed_tokens == 16
-    assert not request.output_token_ids and "long" in engine._prompt_logprobs
+    assert not request.output_token_ids and "long" in engine._prompt_logprobs.computed
     _assert_aborted(engine.abort_requests(["long"]), "long", 40)
     _assert_nothing_left(engine)
 

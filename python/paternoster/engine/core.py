@@ -2,74 +2,40 @@
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import operator
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future
-from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from paternoster import _core
 from paternoster.config import EngineConfig
-from paternoster.engine.cpu_threads import ThreadChoice, resolve_threads
+from paternoster.engine.assembly import (
+    fit_scheduler_config,
+    make_kv_cache_manager,
+    make_runner,
+    resolve_engine_threads,
+    served_model_name,
+)
+from paternoster.engine.cpu_threads import ThreadChoice
+from paternoster.engine.grammar_queue import COMPILE_WAIT_S, GrammarQueue
 from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
-from paternoster.logprobs import Logprobs
+from paternoster.engine.prompt_logprobs import PromptLogprobsTracker
+from paternoster.engine.request_checks import check_request
+from paternoster.engine.step_record import StepRecord
 from paternoster.metrics.timeline import TimelineRecorder
-from paternoster.model.interface import ModelInput, ModelRunnerOutput, PromptChunk, Runner
-from paternoster.model.runner import ModelRunner
-from paternoster.request import Request, check_slo_target
+from paternoster.model.interface import ModelInput, ModelRunnerOutput, Runner
+from paternoster.request import Request
 from paternoster.scheduling.output import SchedulerOutput
 from paternoster.scheduling.registry import load_scheduler_class
-from paternoster.structured_outputs import GrammarCompiler, GrammarState, gate_of
-
-#: Seconds ``add_request`` waits for a grammar to compile before parking the
-#: request until it has (xgrammar compiles a 50-property schema in ~8 ms; a
-#: 20000-string enum takes seconds, which must not stall the running requests).
-COMPILE_WAIT_S = 0.05
-
-logger = logging.getLogger(__name__)
 
 STEP_LOG_SIZE = 4096
 # C-level attribute reads for the per-request loops of a step (twice as fast as a
 # generator expression over 256 requests).
 _REQUEST_ID = operator.attrgetter("request_id")
 _NUM_TOKENS = operator.attrgetter("num_tokens")
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one engine step ran.
-
-    Attributes:
-        step: step index (0-based, counts steps that ran a forward pass).
-        start: the engine clock's seconds (``time.monotonic()`` unless a clock
-            was given) when the step began.
-        duration: seconds of the whole step.
-        overhead: seconds spent outside the runner (forward pass and sampling):
-            schedule + batch build + update.
-        request_ids: the scheduled requests' ids, batch order.
-        num_scheduled_tokens: tokens each of them computed, same order.
-        num_preempted: requests preempted while planning this step.
-    """
-
-    step: int
-    start: float
-    duration: float
-    overhead: float
-    request_ids: tuple[str, ...]
-    num_scheduled_tokens: tuple[int, ...]
-    num_preempted: int
-
-    @property
-    def scheduled(self) -> tuple[tuple[str, int], ...]:
-        """``(request_id, num_scheduled_tokens)`` per request, batch order."""
-        return tuple(zip(self.request_ids, self.num_scheduled_tokens))
 
 
 class EngineCore:
@@ -104,83 +70,22 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig, model_runner: Runner | None = None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        # num_threads 0 = auto: every usable physical core, no pinning (in-process;
-        # the engine process resolves it first, leaving a core to the frontend).
-        # Tensor parallel: each rank's share (rank 0 here, unpinned in-process).
         tp = config.tensor_parallel_size > 1 and model_runner is None
-        if tp:
-            from paternoster.engine import tensor_parallel
-
-            if config.rank_threads is None:
-                config = tensor_parallel.plan_ranks(config, reserve_frontend=False,
-                                                    pin_rank0=False)
-            self.threads: ThreadChoice = tensor_parallel.rank0_threads(config)
-        else:
-            self.threads = resolve_threads(config.num_threads, reserve_frontend=False)
-        if config.num_threads != self.threads.num_threads:
-            config = dataclasses.replace(config, num_threads=self.threads.num_threads)
+        self.threads: ThreadChoice
+        config, self.threads = resolve_engine_threads(config, tp)
         torch.set_num_threads(config.num_threads)
         _core.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         self.config = config
         self._clock = clock
-        if tp:
-            model_runner = tensor_parallel.start_tensor_parallel(config)
-        elif model_runner is None:
-            model_runner = ModelRunner(
-                config.model, config.cache, max_num_seqs=config.scheduler.max_num_seqs,
-                max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-            )
-        self.runner: Runner = model_runner
+        self.runner: Runner = model_runner if model_runner is not None else make_runner(config, tp)
         self.max_model_len = self.runner.max_model_len
-        windows = list(getattr(self.runner, "kv_cache_group_windows", (0,)))
-        recurrent = list(getattr(self.runner, "kv_cache_group_recurrent", ()) or ())
-        caching = config.cache.enable_prefix_caching
-        if caching and any(recurrent):
-            logger.info("prefix caching off: the model's linear-attention layers keep a "
-                        "recurrent state that is not saved at block boundaries")
-            caching = False
-        self.kv_cache_manager = _core.KVCacheManager(
-            self.runner.num_kv_blocks,
-            self.runner.block_size,
-            enable_caching=caching,
-            # Runners without KV cache groups have one full-attention group.
-            sliding_windows=windows,
-            recurrent=recurrent or None,
-            num_state_slots=int(getattr(self.runner, "num_state_slots", 0) or 0),
-        )
+        self.kv_cache_manager = make_kv_cache_manager(
+            self.runner, config.cache.enable_prefix_caching)
         self.batch_builder = _core.BatchBuilder(self.kv_cache_manager)
         scheduler_cls = load_scheduler_class(config.scheduler.scheduler)
-        sched_config = config.scheduler
-        layout = getattr(self.runner, "kv_layout", None)
-        if layout is not None and not scheduler_cls.supports_chunked_prefill:
-            # A whole prompt's step holds every block of its context in every
-            # KV cache group (a window releases blocks only as later steps
-            # advance): the runner's cap assumed chunks of the token budget.
-            whole = layout.max_tokens(self.runner.num_kv_blocks, self.runner.block_size,
-                                      self.max_model_len, self.max_model_len)
-            if whole < self.max_model_len:
-                logger.info(
-                    "scheduler %r keeps prompts whole: max_model_len %d -> %d (a prompt's "
-                    "step needs all its blocks in every KV cache group; a chunked-prefill "
-                    "scheduler keeps the sliding-window layers to a window plus a chunk)",
-                    sched_config.scheduler, self.max_model_len, whole,
-                )
-                self.max_model_len = whole
-        if (
-            not scheduler_cls.supports_chunked_prefill
-            and sched_config.max_num_batched_tokens < self.max_model_len
-        ):
-            logger.info(
-                "scheduler %r keeps prompts whole: raising max_num_batched_tokens from %d to "
-                "max_model_len (%d)",
-                sched_config.scheduler,
-                sched_config.max_num_batched_tokens,
-                self.max_model_len,
-            )
-            sched_config = dataclasses.replace(
-                sched_config, max_num_batched_tokens=self.max_model_len
-            )
+        sched_config, self.max_model_len = fit_scheduler_config(
+            scheduler_cls, config.scheduler, self.runner, self.max_model_len)
         self.scheduler = scheduler_cls(
             sched_config, self.kv_cache_manager, self.batch_builder, self.max_model_len
         )
@@ -194,25 +99,17 @@ class EngineCore:
         self._busy_since: float | None = None
         # Queue times (s) of requests scheduled but not yet reported in an output.
         self._unreported_queue_times: dict[str, float] = {}
-        # Prompt logprobs computed so far, per request, until its first token is sent.
-        self._prompt_logprobs: dict[str, Logprobs] = {}
-        # Live requests that asked for prompt logprobs and have not had them sent.
-        self._wants_prompt_logprobs: dict[str, Request] = {}
+        # Prompt logprobs wanted, and computed so far, until the first token is sent.
+        self._prompt_logprobs = PromptLogprobsTracker()
         # Tokens each step computed, since the last pop_iteration_tokens().
         self._iteration_tokens: list[int] = []
-        # Structured outputs' grammar compiler (built on first use: it reads the tokenizer).
-        self._grammar_compiler: GrammarCompiler | None = None
         # Requests whose grammar is still compiling (longer than COMPILE_WAIT_S),
         # in arrival order: they join the scheduler when it is done, so a slow
         # compile never holds the other requests' steps.
-        self._compiling: dict[str, tuple[Request, Future, dict]] = {}
-        # Default id: the directory's name, or a GGUF file's name without ".gguf"
-        # (as llama-server names it).
-        name = config.model.served_model_name or str(config.model.model).rstrip("/").split("/")[-1]
-        if name.lower().endswith(".gguf") and not config.model.served_model_name:
-            name = name[: -len(".gguf")]
+        self._compiling = GrammarQueue(self._load_tokenizer, self.runner.vocab_size,
+                                       self.runner.eos_token_id)
         self.info = {
-            "model": name,
+            "model": served_model_name(config.model),
             "model_dir": str(config.model.model),
             "max_model_len": self.max_model_len,
             "num_kv_blocks": self.runner.num_kv_blocks,
@@ -248,41 +145,14 @@ class EngineCore:
                 ``slo_ttft_s`` or ``slo_itl_s`` that is not a number > 0, or a
                 duplicate live ``request_id``.
         """
-        ids = request.prompt_token_ids
+        room = check_request(request, self.runner.vocab_size, self.max_model_len)
         params = request.sampling_params
-        if not ids:
-            raise ValueError("prompt must contain at least one token")
-        check_slo_target(request.slo_ttft_s, "slo_ttft_s")
-        check_slo_target(request.slo_itl_s, "slo_itl_s")
-        vocab = self.runner.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        params.check_token_ids(vocab)
-        if params.n != 1:
-            raise ValueError("the engine takes n=1 requests; the frontend fans out n > 1")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens; max_model_len is {self.max_model_len} "
-                "(prompt plus at least one output token must fit)"
-            )
-        room = self.max_model_len - len(ids)
-        if params.max_tokens is not None and params.max_tokens > room:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"max_model_len ({self.max_model_len})"
-            )
-        compiled = None
+        compiled = grammar = None
         if params.structured_outputs is not None:
-            compiled = self._compile(params.structured_outputs)
-            # most grammars compile (or come from the cache) within the wait; a
-            # compile error is reported by _grammar_state below
-            futures_wait([compiled], timeout=COMPILE_WAIT_S)
-        grammar = None
-        if compiled is not None and compiled.done():
-            grammar = self._grammar_state(compiled, params.structured_outputs)
+            compiled, grammar = self._compiling.start(params.structured_outputs)
         req = Request(
             request_id=request.request_id,
-            prompt_token_ids=list(ids),
+            prompt_token_ids=list(request.prompt_token_ids),
             sampling_params=params,
             eos_token_id=self.runner.eos_token_id,
             arrival_time=self._arrival(request) if arrival_time is None else arrival_time,
@@ -295,47 +165,19 @@ class EngineCore:
             grammar=grammar,
         )
         if compiled is not None and grammar is None:
-            self._compiling[req.request_id] = (req, compiled, params.structured_outputs)
+            self._compiling.park(req, compiled, params.structured_outputs)
         else:
             self.scheduler.add_request(req)
         if params.prompt_logprobs is not None:
-            self._wants_prompt_logprobs[req.request_id] = req
+            self._prompt_logprobs.want(req)
         if self.timeline is not None:
             self.timeline.on_arrival(req)
 
-    def _compile(self, spec: dict) -> Future:
-        """Start compiling a request's grammar against the model's vocabulary
-        (or take it from the cache) on the compiler's thread.
+    def _load_tokenizer(self):
+        """The model's tokenizer (for the grammar compiler, on its first use)."""
+        from paternoster.model.loader import load_tokenizer
 
-        Raises:
-            ValueError: xgrammar is missing.
-        """
-        if self._grammar_compiler is None:
-            from paternoster.model.loader import load_tokenizer
-
-            eos = self.runner.eos_token_id
-            self._grammar_compiler = GrammarCompiler(
-                load_tokenizer(self.config.model.model),
-                self.runner.vocab_size, [] if eos is None else [eos])
-        return self._grammar_compiler.compile_async(spec)
-
-    def _grammar_state(self, compiled: Future, spec: dict) -> GrammarState:
-        """A request's structured-output state from its compiled grammar, and
-        its reasoning gate (the spec's ``reasoning``), if any.
-
-        Raises:
-            ValueError: the constraint did not compile or admits no output.
-        """
-        try:
-            compiled.result()
-        except ValueError:
-            raise
-        except Exception as e:  # noqa: BLE001 - xgrammar's compile errors
-            raise ValueError(f"structured_outputs: cannot compile the constraint: {e}") from e
-        state = GrammarState(compiled, self.runner.vocab_size, gate_of(spec))
-        if not state.admits_output():
-            raise ValueError("structured_outputs: the constraint admits no output at all")
-        return state
+        return load_tokenizer(self.config.model.model)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         """Abort live requests (waiting, running or preempted); unknown ids are ignored.
@@ -344,11 +186,10 @@ class EngineCore:
             A final output (``finish_reason="abort"``) for each aborted request.
         """
         request_ids = list(request_ids)
-        parked = [self._compiling.pop(r)[0] for r in request_ids if r in self._compiling]
+        parked = [self._compiling.pop(r) for r in request_ids if r in self._compiling]
         aborted = parked + self.scheduler.abort_requests(request_ids)
         for r in aborted:
-            self._prompt_logprobs.pop(r.request_id, None)
-            self._wants_prompt_logprobs.pop(r.request_id, None)
+            self._prompt_logprobs.forget(r.request_id)
         if self.timeline is not None and aborted:
             self.timeline.on_abort(aborted, self._clock())
         outputs = [
@@ -370,14 +211,12 @@ class EngineCore:
         """Move the requests whose grammar finished compiling into the
         scheduler; a grammar that failed finishes its request with an error."""
         failed = []
-        for rid, (req, compiled, spec) in list(self._compiling.items()):
-            if not compiled.done():
-                continue
-            del self._compiling[rid]
+        for req, compiled, spec in self._compiling.pop_compiled():
+            rid = req.request_id
             try:
-                req.grammar = self._grammar_state(compiled, spec)
+                req.grammar = self._compiling.state(compiled, spec)
             except ValueError as e:
-                self._wants_prompt_logprobs.pop(rid, None)
+                self._prompt_logprobs.unwant(rid)
                 if self.timeline is not None:
                     self.timeline.on_abort([req], self._clock())
                 failed.append(EngineCoreOutput(
@@ -386,11 +225,6 @@ class EngineCore:
                 continue
             self.scheduler.add_request(req)
         return failed
-
-    def _wait_for_compiles(self, timeout_s: float) -> None:
-        """Idle until a grammar finishes compiling (at most ``timeout_s``)."""
-        futures_wait([f for _, f, _ in self._compiling.values()], timeout=timeout_s,
-                     return_when=FIRST_COMPLETED)  # fmt: skip
 
     # ------------------------------------------------------------------- step
 
@@ -410,7 +244,7 @@ class EngineCore:
             if self.timeline is not None and plan.preempted:
                 self.timeline.on_preempted(plan.preempted, self._num_steps, t0)
             if self._compiling and not failed and not self.scheduler.has_unfinished_requests():
-                self._wait_for_compiles(COMPILE_WAIT_S)
+                self._compiling.wait(COMPILE_WAIT_S)
             return failed
         self._note_first_scheduling(plan, t0)
         model_input = self._build_input(plan)
@@ -437,7 +271,7 @@ class EngineCore:
         shedding: ``overloaded``, which the frontend answers with 503)."""
         rejected = [r for r, _ in plan.rejected]
         for r in rejected:
-            self._wants_prompt_logprobs.pop(r.request_id, None)
+            self._prompt_logprobs.unwant(r.request_id)
         if self.timeline is not None:
             self.timeline.on_abort(rejected, now)
         return [EngineCoreOutput(request_id=r.request_id, new_token_ids=[], finish_reason="error",
@@ -448,15 +282,10 @@ class EngineCore:
     def _attach_logprobs(self, outputs: list[EngineCoreOutput], result: ModelRunnerOutput) -> None:
         """Keep this step's prompt logprobs; put the token logprobs, and the
         prompt logprobs of requests that got their first token, on their outputs."""
-        for request_id, lp in result.prompt_logprobs.items():
-            self._prompt_logprobs.setdefault(request_id, Logprobs()).extend(lp)
         if result.logprobs:
             for o in outputs:
                 o.logprobs = result.logprobs.get(o.request_id)
-        if self._wants_prompt_logprobs:
-            for o in outputs:  # the first token carries the prompt logprobs
-                if o.new_token_ids and self._wants_prompt_logprobs.pop(o.request_id, None):
-                    o.prompt_logprobs = self._prompt_logprobs.pop(o.request_id, None)
+        self._prompt_logprobs.attach(outputs, result.prompt_logprobs)
 
     def _note_first_scheduling(self, plan: SchedulerOutput, now: float) -> None:
         """Stamp requests scheduled for the first time; remember their queue time."""
@@ -493,32 +322,8 @@ class EngineCore:
         num_tokens = np.fromiter(map(_NUM_TOKENS, plan.scheduled), np.int64, len(ids))
         rows = np.nonzero(computed.astype(np.int64) + scheduled == num_tokens)[0]
         batch["logits_indices"] = batch["logits_indices"][rows]
-        chunks = self._prompt_chunks(plan, batch, computed, scheduled)
+        chunks = self._prompt_logprobs.chunks(plan, batch, computed, scheduled)
         return ModelInput(plan.scheduled, plan.preempted, batch, computed, scheduled, rows, chunks)
-
-    def _prompt_chunks(self, plan: SchedulerOutput, batch: dict[str, np.ndarray],
-                       computed: np.ndarray, scheduled: np.ndarray) -> list[PromptChunk]:
-        """This step's prompt chunks whose logprobs are wanted; appends their
-        token rows to ``batch["logits_indices"]``."""
-        if not self._wants_prompt_logprobs:
-            return []
-        chunks: list[PromptChunk] = []
-        starts: list[np.ndarray] = []
-        qsl = batch["query_start_loc"]
-        for i, r in enumerate(plan.scheduled):
-            if r.request_id not in self._wants_prompt_logprobs:
-                continue  # none asked, or sent already (a preempted request recomputes)
-            done = len(self._prompt_logprobs.get(r.request_id) or ())
-            first = max(int(computed[i]), done)
-            # The logit at position p scores prompt token p + 1; the last prompt
-            # position's logit is the first sample.
-            end = min(int(computed[i]) + int(scheduled[i]), r.num_prompt_tokens - 1)
-            if end > first:
-                chunks.append(PromptChunk(r, first, end - first))
-                starts.append(np.arange(end - first) + int(qsl[i]) + first - int(computed[i]))
-        if chunks:
-            batch["logits_indices"] = np.concatenate([batch["logits_indices"], *starts])
-        return chunks
 
     def _record(self, plan: SchedulerOutput, start: float, end: float, overhead: float) -> None:
         self.step_log.append(

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -23,15 +23,16 @@ from paternoster.config import SchedulerConfig
 from paternoster.engine.messages import EngineCoreOutput
 from paternoster.request import Request, RequestStatus
 from paternoster.scheduling.output import SchedulerOutput
-from paternoster.scheduling.request_queue import FCFSRequestQueue, RequestQueue
 
-#: Version of the plugin contract (docs/schedulers.md) this base class implements.
-#: Anything on that page that could break a plugin bumps it; the registry refuses a
-#: policy class whose ``api_version`` differs.
-SCHEDULER_API_VERSION = 2
+# The contract version lives with the hooks; re-exported (the registry and plugins read it here).
+from paternoster.scheduling.policy import SCHEDULER_API_VERSION as SCHEDULER_API_VERSION
+from paternoster.scheduling.policy import SchedulerPolicy
+from paternoster.scheduling.prefix_cache import cache_computed_blocks, lookup_prefix, undo_lookup
+from paternoster.scheduling.request_queue import RequestQueue
+from paternoster.scheduling.stop import check_stop
 
 
-class Scheduler:
+class Scheduler(SchedulerPolicy):
     """Base class of scheduling policies.
 
     The base class keeps the queues (``waiting``, a :class:`RequestQueue`;
@@ -42,7 +43,8 @@ class Scheduler:
     blocks. A policy overrides the hooks (``create_waiting_queue``,
     ``enqueue_waiting``, ``requeue_preempted``, ``order_running``,
     ``num_tokens_to_schedule``, ``can_admit``, ``select_victim``,
-    ``schedule_waiting``, ``on_admitted``, ``on_finished``) and may call the
+    ``schedule_waiting``, ``on_admitted``, ``on_finished``; their defaults are
+    :class:`~paternoster.scheduling.policy.SchedulerPolicy`'s) and may call the
     building blocks (``fits``, ``can_allocate``, ``allocate``, ``admit``,
     ``preempt``); it never edits ``running`` or ``waiting`` behind them.
 
@@ -71,17 +73,6 @@ class Scheduler:
             ``max_num_batched_tokens < max_model_len``, or unknown
             ``policy_config`` keys.
     """
-
-    #: The name the policy is registered and selected under (``--scheduler NAME``);
-    #: used in messages.
-    name: ClassVar[str] = "scheduler"
-    #: Version of the plugin contract this class implements (docs/schedulers.md).
-    api_version: ClassVar[int] = SCHEDULER_API_VERSION
-    #: Whether the policy may split a prompt across steps. Policies that keep
-    #: prompts whole need a token budget of at least ``max_model_len``.
-    supports_chunked_prefill: ClassVar[bool] = False
-    #: The policy's options (``--scheduler-config`` keys) and their defaults.
-    default_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -169,100 +160,6 @@ class Scheduler:
         """Whether any request is waiting or running."""
         return bool(self.requests)
 
-    # ---------------------------------------------------------- policy hooks
-
-    def create_waiting_queue(self) -> RequestQueue:
-        """The queue ``waiting`` is; called once, at the end of the base ``__init__``'s
-        bookkeeping (options are parsed by then). Default: :class:`FCFSRequestQueue`."""
-        return FCFSRequestQueue()
-
-    def enqueue_waiting(self, request: Request) -> None:
-        """Put a new request into ``waiting`` (default: ``add_request``, the back
-        of a FIFO)."""
-        self.waiting.add_request(request)
-
-    def requeue_preempted(self, request: Request) -> None:
-        """Put a preempted request back into ``waiting`` (default:
-        ``prepend_request``, the front of a FIFO)."""
-        self.waiting.prepend_request(request)
-
-    def order_running(self, running: list[Request]) -> list[Request]:
-        """Order in which running requests get this step's budget.
-
-        Args:
-            running: a copy of ``running`` (admission order).
-        Returns:
-            The same requests, reordered. Default: unchanged.
-        """
-        return running
-
-    def num_tokens_to_schedule(self, request: Request, token_budget: int) -> int:
-        """How many of ``request``'s uncomputed tokens to compute this step.
-
-        Args:
-            request: a running or waiting request.
-            token_budget: tokens still free in this step (>= 1).
-        Returns:
-            A count in ``[0, request.num_tokens - request.num_computed_tokens]``
-            and ``<= token_budget``; 0 means "not this step". The default keeps
-            prompts whole: all remaining tokens if they fit the budget, else 0.
-        """
-        remaining = request.num_tokens - request.num_computed_tokens
-        return remaining if remaining <= token_budget else 0
-
-    def can_admit(self, request: Request) -> bool:
-        """Whether ``request`` may be admitted now; :meth:`admit` asks first,
-        before the prefix-cache lookup and the KV allocation. Default: True."""
-        return True
-
-    def select_victim(self, running: Sequence[Request]) -> Request:
-        """Choose the running request to preempt when KV blocks run out.
-
-        Args:
-            running: every running request, in admission order (non-empty),
-                the one that needs blocks included (choosing it preempts it).
-        Returns:
-            One of ``running``. The default takes the most recently admitted
-            (vLLM v1's FCFS victim).
-        """
-        return running[-1]
-
-    def on_admitted(self, request: Request) -> None:
-        """Called when ``request`` moves from ``waiting`` to ``running``."""
-
-    def on_finished(self, request: Request) -> None:
-        """Called when ``request`` finishes (any reason, abort included)."""
-
-    def on_step_time(self, out: SchedulerOutput, seconds: float) -> None:
-        """Called after each step that ran, with its plan and its period as a
-        decode sees it, on :attr:`clock` (measured in the server, the cost
-        model's time in the simulator): from the previous step's end when the
-        engine stepped back to back (its loop's work between steps included),
-        else from this step's start, to this step's end. Called after
-        :meth:`update_from_output` (``num_computed_tokens`` has advanced;
-        ``out.batch_arrays()`` holds the plan as of planning). Default: nothing."""
-
-    def schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
-        """Admit waiting requests after the running ones got their tokens.
-
-        Called by :meth:`schedule` unless a running request was preempted this
-        step. The default admits the head of ``waiting`` with :meth:`admit`
-        while budget is left, and stops at the first that is not admitted (no
-        overtaking).
-
-        Args:
-            out: this step's plan so far (admissions are added to it).
-            budget: tokens still free in this step.
-        Returns:
-            The budget left.
-        """
-        while self.waiting and budget > 0:
-            num_new = self.admit(self.waiting.peek_request(), out, budget)
-            if num_new == 0:
-                break
-            budget -= num_new
-        return budget
-
     # ------------------------------------------------- building blocks to call
 
     def fits(self, request: Request) -> bool:
@@ -337,10 +234,12 @@ class Scheduler:
             return 0
         if not self.can_admit(request):
             return 0
-        self._lookup_prefix(request)
+        if self.prefix_caching:
+            lookup_prefix(self.kv_cache_manager, self.batch_builder, request)
         num_new = self.num_tokens_to_schedule(request, budget)
         if num_new <= 0 or not self.allocate(request, num_new):
-            self._undo_lookup(request)
+            if self.prefix_caching:  # give back the hit blocks
+                undo_lookup(self.kv_cache_manager, request)
             return 0
         self.waiting.remove_request(request)
         request.status = RequestStatus.RUNNING
@@ -433,33 +332,6 @@ class Scheduler:
                 budget -= num_new
         return budget
 
-    def _lookup_prefix(self, request: Request) -> None:
-        """Start a waiting request past its cached prefix (prefix caching only).
-
-        The hit blocks become the start of its block table, one reference each;
-        ``request.num_computed_tokens`` is set to the hit tokens (whole blocks,
-        never the last token).
-        """
-        if not self.prefix_caching or request.sampling_params.prompt_logprobs is not None:
-            return
-        rid = request.internal_id
-        request.num_computed_tokens = self.kv_cache_manager.get_computed_blocks(
-            rid, self.batch_builder.token_ids(rid), getattr(request, "cache_salt", None)
-        )
-
-    def _undo_lookup(self, request: Request) -> None:
-        """``request`` was not admitted after all: give back its hit blocks."""
-        if self.prefix_caching:
-            self.kv_cache_manager.free(request.internal_id)
-            request.num_computed_tokens = 0
-
-    def _cache_computed_blocks(self, out: SchedulerOutput) -> None:
-        """Register the blocks this step filled (their KV is now written);
-        called before ``num_computed_tokens`` advances."""
-        ids, computed, scheduled = out.batch_arrays()
-        done = computed.astype(np.int64) + scheduled
-        self.kv_cache_manager.cache_computed_blocks(self.batch_builder, ids, done)
-
     # ------------------------------------------------------------ the update
 
     def update_from_output(
@@ -479,7 +351,7 @@ class Scheduler:
         grown_ids: list[int] = []
         grown_tokens: list[int] = []
         if self.prefix_caching and out.scheduled:
-            self._cache_computed_blocks(out)
+            cache_computed_blocks(self.kv_cache_manager, self.batch_builder, out)
         for request, num_new in zip(out.scheduled, out.num_scheduled_tokens):
             request.num_computed_tokens += num_new
         for row, request in enumerate(out.scheduled):
@@ -487,7 +359,7 @@ class Scheduler:
             if token is None:
                 continue
             request.output_token_ids.append(token)
-            status = self._check_stop(request, token)
+            status = check_stop(request, token, self.max_model_len)
             if status is None:
                 grown_ids.append(request.internal_id)
                 grown_tokens.append(token)
@@ -505,19 +377,6 @@ class Scheduler:
                 np.asarray(grown_ids, dtype=np.int64), np.asarray(grown_tokens, dtype=np.int64)
             )
         return outputs
-
-    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if not params.ignore_eos and token == request.eos_token_id:
-            return RequestStatus.FINISHED_STOPPED
-        if token in params.stop_token_ids:
-            request.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= request.max_tokens:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        if request.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status

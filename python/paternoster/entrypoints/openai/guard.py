@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from paternoster.entrypoints.openai.errors import error_body
+from paternoster.frontend.processor import DEFAULT_MAX_STOP
 from paternoster.metrics.requests import DEFAULT_MAX_TENANTS
 from paternoster.sampling_params import MAX_N
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-DEFAULT_MAX_STOP = 64
 # Routes open without the API key: liveness probes and Prometheus scrapes.
 _OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
 
