@@ -44,7 +44,7 @@ def test_num_threads_is_per_rank_and_must_fit():
     planned = plan_ranks(_config(num_threads=2), reserve_frontend=False, pin_rank0=True,
                          environ={}, topology=CpuTopology.uniform(1, 4))
     assert planned.rank_threads == ((2, (0, 1)), (2, (2, 3)))
-    with pytest.raises(ValueError, match="--tensor-parallel-size 2 x --num-threads 3 needs 6"):
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 x num_threads=3 needs 6"):
         plan_ranks(_config(num_threads=3), reserve_frontend=False, pin_rank0=True,
                    environ={}, topology=CpuTopology.uniform(1, 4))
 

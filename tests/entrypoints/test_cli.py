@@ -64,6 +64,9 @@ def test_bad_flag_values_are_rejected():
         make_parser().parse_args(["serve", "--dtype", "int3"])
     with pytest.raises(ValueError, match="block_size"):
         build_engine_config("/m", block_size=0)
+    # an unknown policy option fails with the config, before any model is read
+    with pytest.raises(ValueError, match=r"unknown scheduler_config keys for 'slo': \['ttft'\]"):
+        build_engine_config("/no/such/model", scheduler="slo", scheduler_config='{"ttft": 2}')
 
 
 def test_serve_with_a_missing_model_dir_exits_with_a_clear_error(tmp_path):

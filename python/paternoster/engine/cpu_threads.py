@@ -178,7 +178,7 @@ def resolve_threads(requested: int, *, reserve_frontend: bool,
 
 def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *,
                 reserve_frontend: bool = True,
-                flag: str = "--data-parallel-size") -> list[ThreadChoice]:
+                flag: str = "data_parallel_size") -> list[ThreadChoice]:
     """Disjoint cores for ``num_engines`` data-parallel engine processes; pure.
 
     With ``num_threads`` 0 (auto) the usable physical cores (capped by the
@@ -194,7 +194,8 @@ def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *
         num_engines: engine processes (>= 1).
         num_threads: threads per engine; 0 = auto.
         reserve_frontend: see :func:`choose_threads`.
-        flag: the option the errors name (``--tensor-parallel-size`` splits
+        flag: the setting the errors name, as ``LLM(...)`` spells it
+            (``--data-parallel-size`` on the command line; ``tensor_parallel_size`` splits
             the cores over the ranks of one engine the same way).
     Returns:
         One pinned :class:`ThreadChoice` per engine.
@@ -213,7 +214,7 @@ def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *
         usable, reserved, source = len(cores), 0, "explicit"
         if num_threads * num_engines > usable:
             raise ValueError(
-                f"{flag} {num_engines} x --num-threads {num_threads} needs "
+                f"{flag}={num_engines} x num_threads={num_threads} needs "
                 f"{num_engines * num_threads} physical cores, but {usable} are usable here; "
                 "lower one of them (each process is pinned to cores of its own)"
             )
@@ -223,7 +224,7 @@ def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *
         usable, reserved, source = one.num_threads, one.reserved_cores, "auto"
         if usable < num_engines:
             raise ValueError(
-                f"{flag} {num_engines} needs at least {num_engines} physical "
+                f"{flag}={num_engines} needs at least {num_engines} physical "
                 f"cores (one per process), but {usable} are usable here"
             )
         base, extra = divmod(usable, num_engines)
@@ -244,7 +245,7 @@ def split_cores(topology: CpuTopology, num_engines: int, num_threads: int = 0, *
 def data_parallel_threads(requested: int, num_engines: int, *,
                           environ: Mapping[str, str] | None = None,
                           topology: CpuTopology | None = None, reserve_frontend: bool = True,
-                          flag: str = "--data-parallel-size") -> list[ThreadChoice]:
+                          flag: str = "data_parallel_size") -> list[ThreadChoice]:
     """Each data-parallel engine's threads and CPUs (``--data-parallel-size N``).
 
     ``requested`` >= 1 (``--num-threads``) or, with auto, the value of

@@ -101,7 +101,7 @@ def plan_ranks(config: EngineConfig, *, reserve_frontend: bool, pin_rank0: bool,
     choices = data_parallel_threads(config.num_threads, config.tensor_parallel_size,
                                     environ=environ, topology=topology,
                                     reserve_frontend=reserve_frontend,
-                                    flag="--tensor-parallel-size")
+                                    flag="tensor_parallel_size")
     ranks = [(c.num_threads, tuple(c.cpus or ())) for c in choices]
     if not pin_rank0:
         ranks[0] = (ranks[0][0], ())

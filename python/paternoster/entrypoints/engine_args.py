@@ -128,11 +128,10 @@ def build_engine_config(
              "enable_prefix_caching": enable_prefix_caching}
     if kv_cache_memory is not None:
         cache["kv_cache_memory"] = parse_bytes(kv_cache_memory)
-    load_scheduler_class(scheduler)  # unknown name: ValueError listing the installed ones
-    sched: dict = {
-        "scheduler": scheduler,
-        "policy_config": parse_scheduler_config(scheduler_config),
-    }
+    policy = load_scheduler_class(scheduler)  # unknown name: ValueError listing them
+    policy_config = parse_scheduler_config(scheduler_config)
+    policy.check_option_keys(policy_config)  # a typo fails now, not after the model loads
+    sched: dict = {"scheduler": scheduler, "policy_config": policy_config}
     if max_num_seqs is not None:
         sched["max_num_seqs"] = max_num_seqs
     if max_num_batched_tokens is not None:

@@ -90,7 +90,7 @@ def place_engines(config: EngineConfig, num_engines: int, *,
                 else [str(i) for i in range(cuda_device_count())])  # fmt: skip
         if len(gpus) < num_engines:
             raise ValueError(
-                f"--data-parallel-size {num_engines} needs {num_engines} GPUs (one per "
+                f"data_parallel_size={num_engines} needs {num_engines} GPUs (one per "
                 f"engine), but {len(gpus)} {'is' if len(gpus) == 1 else 'are'} visible"
             )
         return [EnginePlacement(config, {CUDA_VISIBLE_DEVICES: gpus[i]})

@@ -8,7 +8,7 @@ the hooks it overrides, with their defaults. A policy subclasses
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from paternoster.request import Request
@@ -44,6 +44,22 @@ class SchedulerPolicy:
     supports_chunked_prefill: ClassVar[bool] = False
     #: The policy's options (``--scheduler-config`` keys) and their defaults.
     default_options: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def check_option_keys(cls, policy_config: Mapping[str, Any]) -> None:
+        """Refuse ``--scheduler-config`` keys the policy does not have (checked
+        by ``serve``/``LLM`` before the engine starts, and by the base
+        ``__init__``); the values are the policy's own to check.
+
+        Raises:
+            ValueError: naming the unknown keys and the accepted ones.
+        """
+        unknown = set(policy_config) - set(cls.default_options)
+        if unknown:
+            raise ValueError(
+                f"unknown scheduler_config keys for {cls.name!r}: {sorted(unknown)}; "
+                f"accepted: {sorted(cls.default_options) or 'none'}"
+            )
 
     def create_waiting_queue(self) -> RequestQueue:
         """The queue ``waiting`` is; called once, at the end of the base ``__init__``'s

@@ -86,12 +86,7 @@ class Scheduler(SchedulerPolicy):
                 f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= "
                 f"max_model_len ({max_model_len}) for a scheduler that keeps prompts whole"
             )
-        unknown = set(config.policy_config) - set(self.default_options)
-        if unknown:
-            raise ValueError(
-                f"unknown scheduler_config keys for {self.name!r}: {sorted(unknown)}; "
-                f"accepted: {sorted(self.default_options) or 'none'}"
-            )
+        self.check_option_keys(config.policy_config)
         self.options: dict[str, Any] = {**self.default_options, **config.policy_config}
         self.config = config
         self.num_steps = 0
