@@ -216,7 +216,7 @@ class EngineCore:
             try:
                 req.grammar = self._compiling.state(compiled, spec)
             except ValueError as e:
-                self._prompt_logprobs.unwant(rid)
+                self._prompt_logprobs.forget(rid)
                 if self.timeline is not None:
                     self.timeline.on_abort([req], self._clock())
                 failed.append(EngineCoreOutput(
@@ -271,7 +271,7 @@ class EngineCore:
         shedding: ``overloaded``, which the frontend answers with 503)."""
         rejected = [r for r, _ in plan.rejected]
         for r in rejected:
-            self._prompt_logprobs.unwant(r.request_id)
+            self._prompt_logprobs.forget(r.request_id)
         if self.timeline is not None:
             self.timeline.on_abort(rejected, now)
         return [EngineCoreOutput(request_id=r.request_id, new_token_ids=[], finish_reason="error",

@@ -34,13 +34,10 @@ class PromptLogprobsTracker:
         """``request`` asked for prompt logprobs."""
         self.wanted[request.request_id] = request
 
-    def unwant(self, request_id: str) -> None:
-        """The request ends before its first token (rejected, or its grammar
-        failed): nothing is sent. Unknown ids are ignored."""
-        self.wanted.pop(request_id, None)
-
     def forget(self, request_id: str) -> None:
-        """The request was aborted: drop what was computed for it too."""
+        """The request ends before its first token (aborted, rejected by load
+        shedding after a preemption, or its grammar failed): nothing is sent,
+        and what was computed for it is dropped. Unknown ids are ignored."""
         self.computed.pop(request_id, None)
         self.wanted.pop(request_id, None)
 
