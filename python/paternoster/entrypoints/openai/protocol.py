@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from paternoster.entrypoints.openai.protocol_base import _Request
+from paternoster.entrypoints.openai.protocol_base import _Request, _SchedulingFields
 from paternoster.entrypoints.openai.protocol_tools import ChatTool, NamedToolChoice, ToolCallItem
 from paternoster.sampling_params import SamplingParams, request_fields
 
@@ -60,7 +60,7 @@ class ResponseFormat(_Request):
     json_schema: JsonSchemaFormat | None = None
 
 
-class _OpenAIFields(_Request):
+class _OpenAIFields(_SchedulingFields):
     """Fields shared by both endpoints (``None`` = default): OpenAI's own and
     those whose HTTP form differs from :class:`SamplingParams` (``stop`` may
     be one string, ``logit_bias`` keys are strings). Every other
@@ -94,16 +94,8 @@ class _OpenAIFields(_Request):
     )
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
-    slo_ttft_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
-        description="time-to-first-token target in seconds (the `slo` scheduler)")
-    slo_itl_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
-        description="inter-token latency target in seconds (the `slo` scheduler)")
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with `stream: true`")
-    user: str | None = Field(None, description="tenant of the `fair` scheduler (X-Tenant-Id wins)")
     response_format: ResponseFormat | None = Field(
         None, description="OpenAI's structured output: json_object or json_schema")
     guided_json: dict[str, Any] | str | None = Field(

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from paternoster.entrypoints.openai.protocol_base import _Request
+from paternoster.entrypoints.openai.protocol_base import _Request, _SchedulingFields
 
 
 class InputTextPart(_Request):
@@ -170,7 +170,7 @@ class ResponsesReasoningConfig(_Request):
     summary: str | None = None
 
 
-class ResponsesRequest(_Request):
+class ResponsesRequest(_SchedulingFields):
     """POST /v1/responses body (OpenAI's ``ResponseCreateParams``, stateless).
 
     ``input`` is a string (one user message) or a list of input items;
@@ -197,14 +197,6 @@ class ResponsesRequest(_Request):
     reasoning: ResponsesReasoningConfig | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
-    user: str | None = Field(None, description="tenant of the `fair` scheduler (X-Tenant-Id wins)")
-    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
-    slo_ttft_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
-        description="time-to-first-token target in seconds (the `slo` scheduler)")
-    slo_itl_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
-        description="inter-token latency target in seconds (the `slo` scheduler)")
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
     previous_response_id: str | None = None
