@@ -44,7 +44,7 @@ class SLOScheduler(Scheduler):
     1. **Step-time target.** Every decoding request gets its token, and a
        decode gap is one step, so a step must not outlast the tightest ITL
        target among them: ``T = min ITL target * (1 - margin) / spread``
-       (``spread``: the model's recent 90th percentile of measured /
+       (``spread``: the model's recent 95th percentile of measured /
        predicted, so unpredictable noise does not push steps over). With
        nothing decoding, ``T`` is the time of a full
        ``max_num_batched_tokens`` step.
@@ -89,7 +89,7 @@ class SLOScheduler(Scheduler):
 
     Options (``--scheduler-config``): ``ttft_s`` (2.0), ``itl_s`` (0.2),
     ``classes`` (``{}``; e.g. ``{"0": {"ttft_s": 0.5, "itl_s": 0.1}}``),
-    ``load_shedding`` (false), ``margin`` (0.1), ``itl_miss_budget`` (0.04),
+    ``load_shedding`` (false), ``margin`` (0.05), ``itl_miss_budget`` (0.04),
     ``min_chunk_tokens`` (16), ``cost_model`` (null: the calibrated default;
     a JSON path or an object), ``adapt`` (true). See docs/schedulers.md
     ("slo").
