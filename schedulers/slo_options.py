@@ -22,7 +22,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "itl_s": 0.2,
     "classes": {},
     "load_shedding": False,
-    "margin": 0.1,
+    "margin": 0.05,
     "itl_miss_budget": 0.04,
     "min_chunk_tokens": 16,
     "cost_model": None,

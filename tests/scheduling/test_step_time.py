@@ -101,9 +101,9 @@ def test_bad_arguments_are_named(kwargs, match):
         StepTimePredictor(DEFAULT_COST_MODEL, **kwargs)
 
 
-def test_spread_is_the_90th_percentile_of_measured_over_predicted():
+def test_spread_is_the_95th_percentile_of_measured_over_predicted():
     """Exact measurements: spread 1. One step in four 1.5x slower than the
-    others (noise the mean cannot absorb): the 90th percentile of measured /
+    others (noise the mean cannot absorb): the 95th percentile of measured /
     predicted lies in the slow group, well above 1."""
     exact = StepTimePredictor(DEFAULT_COST_MODEL, adapt=True)
     for w in random_works(100):

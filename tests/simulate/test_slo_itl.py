@@ -38,7 +38,7 @@ def test_slo_keeps_every_decode_gap_within_the_itl_target_where_fcfs_does_not():
     strict = {"itl_s": ITL, "itl_miss_budget": 0.0}
     fcfs, slo = run("fcfs"), run("slo", strict)
     assert max(decode_gaps(fcfs)) > 10 * ITL
-    assert max(decode_gaps(slo)) <= ITL * 0.9 + 1e-9
+    assert max(decode_gaps(slo)) <= ITL * 0.95 + 1e-9  # the default margin: 5 %
     long = next(m for m in slo.requests if m.request_id == "long")
     assert long.num_output_tokens == 8  # and the prompt was served
     assert max(s.prefill_tokens for s in slo.steps) < 3000  # in chunks

@@ -22,9 +22,9 @@ the policy plans with them.
 
 The fit follows the mean; the spread around it (other processes sharing the
 cores, memory traffic) is kept too: :attr:`StepTimePredictor.spread` is the
-90th percentile of measured / predicted over the last ``window`` steps
+95th percentile of measured / predicted over the last ``window`` steps
 (predicted just before each measurement; 1 until 20 steps are in), by which
-a policy can divide a time target so that nine steps in ten fit it.
+a policy can divide a time target so that 19 steps in 20 fit it.
 
 In the simulator the measured time *is* the cost model's, so the multipliers
 stay at 1 and the prediction equals the simulator's step time exactly.
@@ -45,7 +45,7 @@ MULTIPLIER_RANGE = (0.1, 10.0)
 #: Measured / predicted ratios needed before :attr:`StepTimePredictor.spread` moves.
 MIN_SPREAD_SAMPLES = 20
 #: The percentile of measured / predicted that ``spread`` reports.
-SPREAD_PERCENTILE = 90
+SPREAD_PERCENTILE = 95
 
 
 class StepTimePredictor:
@@ -77,7 +77,7 @@ class StepTimePredictor:
         self._b = np.zeros(5)
         self.multipliers = np.ones(5)
         self.num_observed = 0
-        #: 90th percentile of measured / predicted step time, recent steps (>= 1).
+        #: 95th percentile of measured / predicted step time, recent steps (>= 1).
         self.spread = 1.0
         self._ratios: deque[float] = deque(maxlen=int(window))
         self._set_coefficients()
