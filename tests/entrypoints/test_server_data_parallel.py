@@ -139,6 +139,8 @@ def test_one_engine_dying_fails_only_its_requests_and_it_comes_back(fake_dp_serv
     # Its request failed: the dead engine's gauges read 0, not its last
     # heartbeat (scraped before the restart, which spawns a new process).
     assert value(scrape(srv.url), running, engine="1") == 0
+    dead = srv.get("/stats").json()["engines"][1]["engine"]
+    assert (dead.get("num_running"), dead.get("num_free_blocks")) in {(0, 0), (None, None)}
     for t in threads:
         t.join(60)
     codes = sorted(r.status_code for r in results.values())

@@ -51,7 +51,8 @@ from paternoster.frontend.supervisor import EngineSupervisor
 logger = logging.getLogger("paternoster.frontend")
 #: Heartbeat stats that describe the engine's present state (what a dead
 #: engine holds is nothing): zeroed when it dies.
-_LIVE_GAUGES = ("num_running", "num_waiting", "kv_cache_usage", "state_slot_usage")
+_LIVE_GAUGES = ("num_running", "num_waiting", "kv_cache_usage", "state_slot_usage",
+                "num_free_blocks", "num_free_state_slots")
 
 
 class EngineClient(AdmissionCounts):
