@@ -15,14 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from paternoster.entrypoints.engine_args import build_engine_config, resolve_model_dir
+from paternoster.frontend import processor as checks
 from paternoster.frontend.output_processor import SequenceState, fan_out
-from paternoster.frontend.processor import (
-    InputProcessor,
-    check_priority,
-    check_tenant,
-    per_prompt,
-    slo_targets,
-)
+from paternoster.frontend.processor import InputProcessor
 from paternoster.outputs import RequestOutput
 from paternoster.sampling_params import SamplingParams
 
@@ -176,7 +171,7 @@ class LLM:
                 other prompts' requests are aborted).
         """
         token_prompts, texts = self._tokenize(prompts)
-        slo = slo_targets(slo_ttft_s, slo_itl_s, len(token_prompts))
+        slo = checks.slo_targets(slo_ttft_s, slo_itl_s, len(token_prompts))
         return self._run(token_prompts, texts, sampling_params, use_tqdm, priority, tenant, slo)
 
     def chat(
@@ -362,10 +357,11 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != n:
                 raise ValueError(f"got {len(params_list)} sampling params for {n} prompts")
-        priorities = [check_priority(p) for p in per_prompt(priority, n, "priority", int)]
-        tenants = per_prompt(tenant, n, "tenant", str)
+        priorities = [checks.check_priority(p)
+                      for p in checks.per_prompt(priority, n, "priority", int)]  # fmt: skip
+        tenants = checks.per_prompt(tenant, n, "tenant", str)
         for t in set(tenants):
-            check_tenant(t, "tenant")
+            checks.check_tenant(t, "tenant")
         prepared: list[Prepared] = []
         for p, (ids, text, params) in enumerate(zip(token_prompts, texts, params_list)):
             if not ids:
