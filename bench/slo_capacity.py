@@ -46,6 +46,39 @@ from paternoster.bench.workload import PromptMaker, arrival_offsets, make_mix, p
 LONG_MIX = ("short=0.6:16-256:8-64,summary=0.25:256-1024:64-256,"
             "long_gen=0.1:16-128:256-512,long_prompt=0.05:1024-2048:8-64")  # fmt: skip
 MIXES = {"cpu": peer_servers.CPU_MIX, "long": LONG_MIX}
+#: Granularity of the scaled long class's lengths (tokens).
+LONG_STEP = 64
+
+
+def longest_prompt_within(cost_model, ttft_s: float, cap: int = 8192) -> int:
+    """The longest prompt (a multiple of :data:`LONG_STEP` tokens, at least
+    ``LONG_STEP``) that ``cost_model`` prefills whole, alone, within ``ttft_s``
+    seconds: the length past which a prompt misses the TTFT objective even on
+    an idle server."""
+    import numpy as np
+
+    from paternoster.scheduling.cost_model import StepWork
+
+    def alone(n: int) -> float:
+        return cost_model.step_time(StepWork.from_arrays(np.array([0]), np.array([n]),
+                                                         np.array([n])))  # fmt: skip
+
+    n = LONG_STEP
+    while n + LONG_STEP <= cap and alone(n + LONG_STEP) <= ttft_s:
+        n += LONG_STEP
+    return n
+
+
+def scaled_long_mix(cost_model, ttft_s: float) -> str:
+    """:data:`LONG_MIX` with its long prompts scaled to the machine
+    ``cost_model`` describes: ``L/2 .. L`` tokens, ``L`` =
+    :func:`longest_prompt_within` the TTFT objective. With the default cost
+    model (the project's 2-core VM, where :data:`LONG_MIX` was scaled by
+    hand) this is :data:`LONG_MIX` itself; on a slower machine the long
+    prompts shrink so that each can still meet the objective alone."""
+    top = longest_prompt_within(cost_model, ttft_s)
+    head, _ = LONG_MIX.rsplit("long_prompt=", 1)
+    return f"{head}long_prompt=0.05:{top // 2}-{top}:8-64"
 #: The default model's context (tokens); prompts are fitted to it as
 #: ``paternoster bench capacity`` fits them (completions, no tokenizer).
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -254,12 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         contenders = [p for p in contenders if p.label in keep or p.scheduler in keep]
     results: dict = {"cost_model": cost_model.to_dict(), "mixes": {}}
     tables = []
+    mixes = dict(MIXES, long=scaled_long_mix(cost_model, args.slo_ttft_p95))
+    results["mix_specs"] = {m: mixes[m] for m in args.mixes}
     for mix in args.mixes:
+        print(f"mix {mix}: {mixes[mix]}", flush=True)
         sim: dict[str, float | None] = {}
         real: dict[str, float | None] = {}
         for p in contenders:
             t0 = time.monotonic()
-            res = sim_capacity(p, MIXES[mix], plan, objectives, args, cost_model)
+            res = sim_capacity(p, mixes[mix], plan, objectives, args, cost_model)
             sim[p.label] = res.capacity
             print(f"sim {mix} {p.label}: {_cap(res.capacity)} req/s "
                   f"({len(res.probes)} probes, {time.monotonic() - t0:.1f} s)", flush=True)
@@ -267,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.real:
             for p in contenders:
                 try:
-                    search = real_capacity(p, MIXES[mix], args, out_dir / mix)
+                    search = real_capacity(p, mixes[mix], args, out_dir / mix)
                 except RuntimeError as e:
                     print(f"real {mix} {p.label}: {e}", file=sys.stderr)
                     return 1
@@ -279,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n\n".join(tables)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out_dir / "table.md").write_text(report + "\n")
+    specs = "; ".join(f"{m}: {mixes[m]}" for m in args.mixes)
     print(f"\np95 TTFT <= {args.slo_ttft_p95:g} s, p95 ITL <= {args.slo_itl_p95:g} s; "
-          f"cost model: {cost_model.source}; JSON in {out_dir}\n\n{report}")
+          f"cost model: {cost_model.source}; mixes: {specs}; JSON in {out_dir}\n\n{report}")
     return 0
 
 

@@ -13,8 +13,10 @@ from paternoster.bench.serve import ServeConfig, schedule
 from paternoster.bench.slo_capacity import (
     LONG_MIX,
     Policy,
+    longest_prompt_within,
     parse_args,
     policies,
+    scaled_long_mix,
     sim_capacity,
     sim_trace,
     table,
@@ -67,3 +69,27 @@ def test_a_simulated_search_runs_and_finds_a_capacity():
 def test_unknown_mix_is_refused():
     with pytest.raises(SystemExit):
         parse_args(["--mixes", "gpu"])
+
+
+def _prefill_alone(cost_model, n: int) -> float:
+    """A prompt of ``n`` tokens prefilled alone, by the cost model's terms
+    written out here: overhead + per token + per (token, key) of its causal
+    attention (token i sees i + 1 keys)."""
+    per_key = cost_model.a_kv_prefill if cost_model.a_kv_prefill is not None else cost_model.a_kv
+    return cost_model.overhead + n * cost_model.a_prefill + per_key * n * (n + 1) / 2
+
+
+def test_long_mix_is_scaled_to_the_machine():
+    from dataclasses import replace
+
+    from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL
+
+    # The project VM's model gives the hand-scaled mix.
+    assert scaled_long_mix(DEFAULT_COST_MODEL, 2.0) == LONG_MIX
+    # A machine 1.5x slower: the longest prompt is the last one within 2 s.
+    slow = replace(DEFAULT_COST_MODEL, **{k: getattr(DEFAULT_COST_MODEL, k) * 1.5
+                                          for k in ("overhead", "a_prefill", "a_kv_prefill")})
+    top = longest_prompt_within(slow, 2.0)
+    assert top < 2048 and top % 64 == 0
+    assert _prefill_alone(slow, top) <= 2.0 < _prefill_alone(slow, top + 64)
+    assert scaled_long_mix(slow, 2.0).endswith(f"long_prompt=0.05:{top // 2}-{top}:8-64")
