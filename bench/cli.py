@@ -308,8 +308,20 @@ class _Workload:
         """Requests in a JSONL trace, else 100."""
         return len(self.trace) if self.trace is not None else 100
 
-    def make(self, n: int, seed_offset: int = 0) -> list[BenchRequest]:
-        """``n`` requests (a JSONL trace is cycled when shorter)."""
+    def make(self, n: int, seed_offset: int = 0, text_key: int | None = None
+             ) -> list[BenchRequest]:  # fmt: skip
+        """``n`` requests (a JSONL trace is cycled when shorter).
+
+        Args:
+            n: how many.
+            seed_offset: added to ``--seed`` for lengths, arrivals and text.
+            text_key: ``None``: the text is seeded like the lengths. An int
+                ``k``: the same lengths with text from an independent stream
+                ``(seed, k)``, so that requests made with different keys share
+                no prompt prefix (each capacity probe gets its own key: a
+                repeated prompt would be served from the server's prefix cache
+                and the probe would measure cache hits, not prefill).
+        """
         from paternoster.bench.workload import PromptMaker, make_mix, make_random
 
         if n < 1:
@@ -317,7 +329,7 @@ class _Workload:
         if self.trace is not None:
             return [self.trace[i % len(self.trace)] for i in range(n)]
         a, seed = self.args, self.args.seed + seed_offset
-        maker = PromptMaker(self.tokenizer, seed)
+        maker = PromptMaker(self.tokenizer, seed if text_key is None else (seed, text_key))
         if a.dataset == "random":
             reqs = make_random(
                 n, maker, a.input_len, a.output_len, a.range_ratio, self.max_len, seed
@@ -453,6 +465,7 @@ def _run_capacity(args: argparse.Namespace) -> int:
     )
     _warm_up(args, base, workload)
     rate_mode = args.mode == "rate"
+    num_probes = 0
 
     def probe(load: float, time_left: float | None, req_left: int | None):
         if rate_mode:
@@ -466,9 +479,12 @@ def _run_capacity(args: argparse.Namespace) -> int:
         cap = n if req_left is None else min(n, req_left)
         if cap < min(n, 2):
             return None
+        nonlocal num_probes
+        num_probes += 1  # fresh prompt text per probe: no prefix-cache hits across probes
         unit = "req/s" if rate_mode else "concurrent"
         res = asyncio.run(
-            run_serve(config, workload.make(cap), time_left, f"probe {load:g} {unit}")
+            run_serve(config, workload.make(cap, text_key=num_probes), time_left,
+                      f"probe {load:g} {unit}")
         )
         return res.summary, cap < n or res.summary["num_not_sent"] > 0
 

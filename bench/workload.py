@@ -71,10 +71,11 @@ class PromptMaker:
     Args:
         tokenizer: a Hugging Face tokenizer for exact token counts, or ``None``
             (``n`` common words, about ``n`` tokens for BPE vocabularies).
-        seed: RNG seed.
+        seed: RNG seed (an int, or a sequence of ints as ``numpy.random.default_rng``
+            takes them: ``(seed, k)`` gives a stream independent of ``seed``'s).
     """
 
-    def __init__(self, tokenizer: Any | None = None, seed: int = 0) -> None:
+    def __init__(self, tokenizer: Any | None = None, seed: int | Sequence[int] = 0) -> None:
         self.tokenizer = tokenizer
         self.rng = np.random.default_rng(seed)
 

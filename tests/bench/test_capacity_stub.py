@@ -73,3 +73,31 @@ def test_capacity_search_is_bounded_in_time_and_requests(tmp_path):
     assert data["stopped"] == "max_requests"
     assert sum(p["summary"]["num_sent"] for p in data["probes"]) <= 70
     assert [p["ok"] for p in data["probes"]] == [True, None]  # the second was cut to 20
+
+
+def test_each_probe_sends_fresh_prompts_of_the_same_lengths(tmp_path):
+    # A prompt repeated in a later probe would hit the server's prefix cache:
+    # the probe would time cache hits, not prefill. Each probe gets its own
+    # text, and the same lengths (what the simulator replays).
+    with StubServer(ttft=0.0, itl=0.001) as srv:
+        rc = bench_main([
+            "capacity", "--base-url", srv.url, "--dataset", "mix", "--mix", "a=1:4-40:2-3",
+            "--no-progress", "--mode", "concurrency", "--slo-ttft-p95", "5",
+            "--slo-itl-p95", "5", "--start", "1", "--bisect-rounds", "0",
+            "--probe-requests", "1", "--max-load", "4", "--warmup", "0",
+            "--json", str(tmp_path / "cap.json"),
+        ])  # fmt: skip
+    assert rc == 0
+    prompts = [b["prompt"] for b in srv.bodies]
+    sizes = [max(1, 3 * load) for load in (1, 2, 4)]
+    assert len(prompts) == sum(sizes)
+    probes = [prompts[:3], prompts[3:9], prompts[9:]]
+    heads = [{" ".join(p.split()[:4]) for p in probe} for probe in probes]
+    assert not heads[0] & heads[1] and not heads[0] & heads[2] and not heads[1] & heads[2]
+    # Lengths: the first n requests of the workload, as without fresh text
+    # (max_model_len 4096 of the stub, fitted as bench capacity fits it).
+    from paternoster.bench.workload import PromptMaker, make_mix, parse_mix
+
+    same = make_mix(12, PromptMaker(None, 0), parse_mix("a=1:4-40:2-3"), None, 0)
+    for probe, n in zip(probes, sizes):
+        assert sorted(len(p.split()) for p in probe) == sorted(r.prompt_len for r in same[:n])
