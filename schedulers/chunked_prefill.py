@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from paternoster.request import Request
@@ -30,12 +31,20 @@ class ChunkedPrefillScheduler(Scheduler):
     supports_chunked_prefill = True
     default_options: ClassVar[dict[str, Any]] = {"long_prefill_token_threshold": 0}
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        cap = self.options["long_prefill_token_threshold"]
-        if not isinstance(cap, int) or cap < 0:
+    @classmethod
+    def check_option_values(cls, options: Mapping[str, Any]) -> None:
+        """``long_prefill_token_threshold`` must be an integer >= 0.
+
+        Raises:
+            ValueError: naming it.
+        """
+        cap = options["long_prefill_token_threshold"]
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise ValueError(f"long_prefill_token_threshold must be an integer >= 0, got {cap!r}")
-        self.long_prefill_token_threshold = cap
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)  # checks the options
+        self.long_prefill_token_threshold = self.options["long_prefill_token_threshold"]
 
     def order_running(self, running: list[Request]) -> list[Request]:
         """Decoding requests first, then unfinished prefills (each in admission order)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from paternoster.request import Request
@@ -77,14 +77,27 @@ class FairScheduler(ChunkedPrefillScheduler):
         "long_prefill_token_threshold": 0,
     }
 
+    @classmethod
+    def check_option_values(cls, options: Mapping[str, Any]) -> None:
+        """The weights (numbers >= 0, not both 0), ``tenant_weights`` (tenant
+        -> number > 0) and ``chunked_prefill``'s option.
+
+        Raises:
+            ValueError: naming the option.
+        """
+        super().check_option_values(options)
+        w_in = _weight(options["input_token_weight"], "input_token_weight")
+        w_out = _weight(options["output_token_weight"], "output_token_weight")
+        if w_in == 0 and w_out == 0:
+            raise ValueError("input_token_weight and output_token_weight must not both be 0")
+        _tenant_weights(options["tenant_weights"])
+
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # checks the options
         self.input_token_weight = _weight(self.options["input_token_weight"], "input_token_weight")
         self.output_token_weight = _weight(
             self.options["output_token_weight"], "output_token_weight"
         )
-        if self.input_token_weight == 0 and self.output_token_weight == 0:
-            raise ValueError("input_token_weight and output_token_weight must not both be 0")
         self.tenant_weights = _tenant_weights(self.options["tenant_weights"])
         self._live: dict[Tenant, int] = {}  # tenant -> its live requests
         self._charged: set[str] = set()  # request ids charged in this step's plan

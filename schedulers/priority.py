@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from paternoster.request import Request
@@ -42,12 +42,20 @@ class PriorityScheduler(Scheduler):
     name = "priority"
     default_options: ClassVar[dict[str, Any]] = {"aging_steps": 100}
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        aging = self.options["aging_steps"]
-        if not isinstance(aging, int) or aging < 0:
+    @classmethod
+    def check_option_values(cls, options: Mapping[str, Any]) -> None:
+        """``aging_steps`` must be an integer >= 0.
+
+        Raises:
+            ValueError: naming it.
+        """
+        aging = options["aging_steps"]
+        if isinstance(aging, bool) or not isinstance(aging, int) or aging < 0:
             raise ValueError(f"aging_steps must be an integer >= 0, got {aging!r}")
-        self.aging_steps = aging
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)  # checks the options
+        self.aging_steps = self.options["aging_steps"]
         self._waiting_since: dict[str, int] = {}
         self._admitted_rank: dict[str, int] = {}
 

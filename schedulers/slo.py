@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -101,8 +101,18 @@ class SLOScheduler(Scheduler):
     supports_chunked_prefill = True
     default_options: ClassVar[dict[str, Any]] = DEFAULT_OPTIONS
 
+    @classmethod
+    def check_option_values(cls, options: Mapping[str, Any]) -> None:
+        """Every option as :meth:`SLOOptions.parse` reads it (a ``cost_model``
+        file is read).
+
+        Raises:
+            ValueError: naming the option.
+        """
+        SLOOptions.parse(options)
+
     def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # checks the options
         self.slo = SLOOptions.parse(self.options)
         #: The step-time model the budgets come from.
         self.predictor = StepTimePredictor(self.slo.cost_model, adapt=self.slo.adapt)
@@ -383,7 +393,7 @@ class SLOScheduler(Scheduler):
         for r in [r for r in self.waiting if r.num_output_tokens == 0]:
             finish = self._now + self._base + self._work(r)
             if finish > self.deadline(r):
-                target = self.deadline(r) - r.arrival_time
+                target = self.slo.targets(r).ttft_s
                 self.reject(r, out, f"load shedding: cannot meet the TTFT target of "
                                     f"{target:g} s (slo scheduler)")  # fmt: skip
                 self.num_shed += 1

@@ -34,12 +34,35 @@ def test_scheduler_config_is_a_json_object_inline_or_in_a_file(tmp_path):
     for value, match in [("[]", "must be a JSON object, got list"),
                          ("3", "must be a JSON object, got int"),
                          ("{bad", "is not valid JSON"),
+                         ("", "is empty"), ("  ", "is empty"),
+                         ('{"margin": 0.1, "margin": 0.2}', "gives the key 'margin' twice"),
                          (str(tmp_path / "none.json"), "or a JSON file path")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             parse_scheduler_config(value)
     path.write_text("[1]")
     with pytest.raises(ValueError, match="must be a JSON object, got list"):
         parse_scheduler_config(str(path))
+
+
+@pytest.mark.parametrize("scheduler,config,match", [
+    ("slo", {"ttft_s": -1}, "ttft_s must be a number of seconds > 0"),
+    ("slo", {"margin": 2}, "margin must be a number in"),
+    ("slo", {"cost_model": "/no/such/model.json"}, "cost_model"),
+    ("chunked_prefill", {"long_prefill_token_threshold": -5}, "long_prefill_token_threshold"),
+    ("chunked_prefill", {"long_prefill_token_threshold": True}, "long_prefill_token_threshold"),
+    ("priority", {"aging_steps": "often"}, "aging_steps must be an integer"),
+    ("fair", {"input_token_weight": 0, "output_token_weight": 0}, "must not both be 0"),
+    ("fair", {"tenant_weights": {"a": -1}}, r"tenant_weights\['a'\] must be a finite"),
+    ("fair", {"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
+])  # fmt: skip
+def test_bad_scheduler_config_values_fail_when_the_config_is_built(scheduler, config, match):
+    # Before the model loads: build_engine_config reads no model files.
+    with pytest.raises(ValueError, match=match):
+        build_engine_config("/no/such/model", scheduler=scheduler, scheduler_config=config)
+    ok = {"slo": {"ttft_s": 1}, "chunked_prefill": {"long_prefill_token_threshold": 64},
+          "priority": {"aging_steps": 5}, "fair": {"tenant_weights": {"a": 2}}}[scheduler]
+    cfg = build_engine_config("/no/such/model", scheduler=scheduler, scheduler_config=ok)
+    assert cfg.scheduler.policy_config == ok
 
 
 def test_serve_flags_build_the_engine_config():

@@ -130,7 +130,7 @@ def build_engine_config(
         cache["kv_cache_memory"] = parse_bytes(kv_cache_memory)
     policy = load_scheduler_class(scheduler)  # unknown name: ValueError listing them
     policy_config = parse_scheduler_config(scheduler_config)
-    policy.check_option_keys(policy_config)  # a typo fails now, not after the model loads
+    policy.check_options(policy_config)  # a typo or bad value fails now, not after the model loads
     sched: dict = {"scheduler": scheduler, "policy_config": policy_config}
     if max_num_seqs is not None:
         sched["max_num_seqs"] = max_num_seqs
@@ -179,14 +179,17 @@ def parse_scheduler_config(value: dict | str | None) -> dict:
     """A policy's options from a dict, a JSON object string or a JSON file path.
 
     Raises:
-        ValueError: not a JSON object, unreadable file or malformed JSON.
+        ValueError: not a JSON object, an empty or blank string, an unreadable
+            file, malformed JSON or a key given twice.
     """
-    if value is None or value == "":
+    if value is None:
         return {}
     if isinstance(value, dict):
         return dict(value)
+    if not value.strip():
+        raise ValueError("scheduler_config is empty: give a JSON object (e.g. '{}') or a file")
     try:
-        parsed = json.loads(value)
+        parsed = _loads(value)
     except json.JSONDecodeError as e:
         if value.lstrip().startswith("{"):
             raise ValueError(f"scheduler_config is not valid JSON: {e}") from None
@@ -194,6 +197,22 @@ def parse_scheduler_config(value: dict | str | None) -> dict:
     if not isinstance(parsed, dict):
         raise ValueError(f"scheduler_config must be a JSON object, got {type(parsed).__name__}")
     return parsed
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object's pairs as a dict; a key given twice is an error (plain
+    ``json.loads`` would keep the last one silently)."""
+    out: dict = {}
+    for key, val in pairs:
+        if key in out:
+            raise ValueError(f"scheduler_config gives the key {key!r} twice")
+        out[key] = val
+    return out
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` refusing duplicate keys (ValueError)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 def _read_json_file(path: str) -> Any:
@@ -208,7 +227,7 @@ def _read_json_file(path: str) -> Any:
         raise ValueError(
             f"scheduler_config must be a JSON object or a JSON file path: {e}") from None
     try:
-        return json.loads(text)
+        return _loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"scheduler_config file {path} is not valid JSON: {e}") from None
 

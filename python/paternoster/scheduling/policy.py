@@ -61,6 +61,31 @@ class SchedulerPolicy:
                 f"accepted: {sorted(cls.default_options) or 'none'}"
             )
 
+    @classmethod
+    def check_options(cls, policy_config: Mapping[str, Any]) -> None:
+        """Check ``--scheduler-config`` before the engine starts: unknown keys
+        (:meth:`check_option_keys`), then the values with the defaults filled
+        in (:meth:`check_option_values`). ``serve`` and ``LLM`` call it when
+        they build the config, so a bad value fails before the model loads;
+        the base ``__init__`` calls it again.
+
+        Raises:
+            ValueError: naming the unknown keys, or the option with a bad value.
+        """
+        cls.check_option_keys(policy_config)
+        cls.check_option_values({**cls.default_options, **policy_config})
+
+    @classmethod
+    def check_option_values(cls, options: Mapping[str, Any]) -> None:
+        """Refuse bad option values; ``options`` holds every key of
+        ``default_options`` (the user's values over the defaults). A policy
+        with options overrides it (and calls ``super()`` when it extends
+        another policy's options); the base accepts anything.
+
+        Raises:
+            ValueError: naming the option and the value it got.
+        """
+
     def create_waiting_queue(self) -> RequestQueue:
         """The queue ``waiting`` is; called once, at the end of the base ``__init__``'s
         bookkeeping (options are parsed by then). Default: :class:`FCFSRequestQueue`."""

@@ -86,7 +86,7 @@ class Scheduler(SchedulerPolicy):
                 f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= "
                 f"max_model_len ({max_model_len}) for a scheduler that keeps prompts whole"
             )
-        self.check_option_keys(config.policy_config)
+        self.check_options(config.policy_config)
         self.options: dict[str, Any] = {**self.default_options, **config.policy_config}
         self.config = config
         self.num_steps = 0
