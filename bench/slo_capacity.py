@@ -152,6 +152,43 @@ def sim_capacity(policy: Policy, mix: str, plan: SearchPlan, objectives: Objecti
     return find_capacity(plan, objectives, probe)
 
 
+def sim_probe(policy: Policy, mix: str, load: float, args: argparse.Namespace,
+              cost_model) -> dict:  # fmt: skip
+    """One simulated probe at ``load`` req/s: the requests a real probe sends
+    (the same count rule), in :func:`sim_summary`'s shape."""
+    from paternoster.simulate import simulate
+
+    n = max(args.probe_requests, math.ceil(load * args.probe_duration))
+    trace = sim_trace(mix, load, n, args.seed, args.max_model_len)
+    res = simulate(trace, policy.scheduler, policy.config, cost_model,
+                   max_num_batched_tokens=policy.max_num_batched_tokens,
+                   max_model_len=args.max_model_len)  # fmt: skip
+    return sim_summary(res)
+
+
+def probe_rows(label: str, mix: str, search: dict, sims: list[dict]) -> list[str]:
+    """Markdown rows: per real probe, measured and simulated p95 TTFT (s) and
+    p95 ITL (ms) at the same load."""
+
+    def p95(summary: dict, key: str) -> float | None:
+        return (summary.get(key) or {}).get("p95")
+
+    def fmt(x: float | None, scale: float, digits: int) -> str:
+        return "-" if x is None else f"{x * scale:.{digits}f}"
+
+    rows = []
+    for probe, sim in zip(search.get("probes", []), sims):
+        real = probe["summary"]
+        rows.append(f"| {mix} | {label} | {probe['load']:g} | {fmt(p95(real, 'ttft'), 1, 2)} | "
+                    f"{fmt(p95(sim, 'ttft'), 1, 2)} | {fmt(p95(real, 'itl'), 1e3, 0)} | "
+                    f"{fmt(p95(sim, 'itl'), 1e3, 0)} |")  # fmt: skip
+    return rows
+
+
+PROBE_HEAD = ("| mix | policy | req/s | p95 TTFT measured (s) | sim (s) | p95 ITL measured (ms) "
+              "| sim (ms) |\n|---|---|---:|---:|---:|---:|---:|")  # fmt: skip
+
+
 # ------------------------------------------------------------ real server
 
 
@@ -242,6 +279,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--max-duration", type=float, default=900.0, help="seconds per search")
     g.add_argument("--warmup", type=int, default=4, help="warm-up requests per server")
     g.add_argument("--serve-args", default="", help="more `paternoster serve` flags, one string")
+    g.add_argument("--sim-at-real", default=None, metavar="DIR",
+                   help="no search: the simulator at each load a finished --real run in DIR "
+                        "probed (its cost model, mixes and policies), next to the measured "
+                        "p95s")  # fmt: skip
     args = ap.parse_args(argv)
     args.mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
     bad = sorted(set(args.mixes) - set(MIXES))
@@ -270,9 +311,33 @@ def _cost_model(args: argparse.Namespace, out_dir: Path):
     return cal.cost_model, str(path)
 
 
+def sim_at_real(run_dir: Path, args: argparse.Namespace) -> str:
+    """The probe table (:func:`probe_rows`) of the finished ``--real`` run in
+    ``run_dir``: its cost model, its mixes, every policy it measured."""
+    from paternoster.scheduling.cost_model import CostModel
+
+    results = json.loads((run_dir / "results.json").read_text())
+    cost_model = CostModel.load(run_dir / "cost_model.json")
+    objectives = Objectives(args.slo_ttft_p95, args.slo_itl_p95)
+    slo = {"cost_model": str((run_dir / "cost_model.json").resolve()), **args.slo_config}
+    by_label = {p.label: p for p in policies(args.chunks, objectives, slo)}
+    lines = []
+    for mix, per_policy in results["mixes"].items():
+        spec = results.get("mix_specs", {}).get(mix, MIXES[mix])
+        for label, res in per_policy.items():
+            if "real" in res and label in by_label:
+                sims = [sim_probe(by_label[label], spec, pr["load"], args, cost_model)
+                        for pr in res["real"].get("probes", [])]  # fmt: skip
+                lines += probe_rows(label, mix, res["real"], sims)
+    return "\n".join([PROBE_HEAD, *lines])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the searches and print one table per mix; 1 on a server failure."""
     args = parse_args(argv)
+    if args.sim_at_real:
+        print(sim_at_real(Path(args.sim_at_real), args))
+        return 0
     objectives = Objectives(args.slo_ttft_p95, args.slo_itl_p95)
     plan = SearchPlan("rate", args.start, 2.0, args.bisect_rounds, 0.02)
     out_dir = Path(args.out or f"build/slo_capacity/{time.strftime('%Y%m%d-%H%M%S')}")
@@ -289,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = []
     mixes = dict(MIXES, long=scaled_long_mix(cost_model, args.slo_ttft_p95))
     results["mix_specs"] = {m: mixes[m] for m in args.mixes}
+    probe_lines: list[str] = []
     for mix in args.mixes:
         print(f"mix {mix}: {mixes[mix]}", flush=True)
         sim: dict[str, float | None] = {}
@@ -309,9 +375,15 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 real[p.label] = search.get("capacity")
                 results["mixes"][mix][p.label]["real"] = search
+                sims = [sim_probe(p, mixes[mix], pr["load"], args, cost_model)
+                        for pr in search.get("probes", [])]  # fmt: skip
+                results["mixes"][mix][p.label]["sim_at_real_loads"] = sims
+                probe_lines += probe_rows(p.label, mix, search, sims)
                 print(f"real {mix} {p.label}: {_cap(real[p.label])} req/s "
                       f"({peer_servers.describe_probes(search)})", flush=True)
         tables.append(table(mix, sim, real))
+    if probe_lines:
+        tables.append("\n".join([PROBE_HEAD, *probe_lines]))
     report = "\n\n".join(tables)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out_dir / "table.md").write_text(report + "\n")

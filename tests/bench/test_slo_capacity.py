@@ -93,3 +93,28 @@ def test_long_mix_is_scaled_to_the_machine():
     assert top < 2048 and top % 64 == 0
     assert _prefill_alone(slow, top) <= 2.0 < _prefill_alone(slow, top + 64)
     assert scaled_long_mix(slow, 2.0).endswith(f"long_prompt=0.05:{top // 2}-{top}:8-64")
+
+
+def test_sim_at_real_puts_the_simulator_next_to_each_measured_probe(tmp_path):
+    import json
+
+    from paternoster.bench.slo_capacity import sim_at_real
+    from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL
+
+    DEFAULT_COST_MODEL.save(tmp_path / "cost_model.json")
+
+    def probe(load, ttft, itl):
+        return {"load": load, "ok": True, "summary": {"ttft": {"p95": ttft}, "itl": {"p95": itl}}}
+
+    real = {"capacity": 1.0, "probes": [probe(0.5, 0.25, 0.05), probe(4.0, 9.5, 0.7)]}
+    results = {"mix_specs": {"long": LONG_MIX},
+               "mixes": {"long": {"fcfs": {"sim": {}, "real": real}, "slo": {"sim": {}}}}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    text = sim_at_real(tmp_path, parse_args(["--probe-duration", "20", "--probe-requests", "10"]))
+    rows = [r for r in text.splitlines() if r.startswith("| long |")]
+    assert len(rows) == 2  # slo has no real search
+    cells = [[c.strip() for c in r.strip("|").split("|")] for r in rows]
+    assert cells[0][:4] == ["long", "fcfs", "0.5", "0.25"] and cells[0][5] == "50"
+    assert cells[1][:4] == ["long", "fcfs", "4", "9.50"] and cells[1][5] == "700"
+    # Eight times the load: the simulated p95 TTFT grows (fcfs saturates).
+    assert float(cells[1][4]) > float(cells[0][4])
