@@ -16,7 +16,7 @@ from paternoster.bench.slo_capacity import (
     longest_prompt_within,
     parse_args,
     policies,
-    scaled_long_mix,
+    scaled_mixes,
     sim_capacity,
     sim_trace,
     table,
@@ -79,20 +79,27 @@ def _prefill_alone(cost_model, n: int) -> float:
     return cost_model.overhead + n * cost_model.a_prefill + per_key * n * (n + 1) / 2
 
 
-def test_long_mix_is_scaled_to_the_machine():
+def test_mixes_are_scaled_to_the_machine():
     from dataclasses import replace
 
+    from paternoster.bench.slo_capacity import MIXES
     from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL
 
-    # The project VM's model gives the hand-scaled mix.
-    assert scaled_long_mix(DEFAULT_COST_MODEL, 2.0) == LONG_MIX
-    # A machine 1.5x slower: the longest prompt is the last one within 2 s.
+    # The project VM's model: the mixes as set (2048-token prompts fit in 2 s).
+    assert longest_prompt_within(DEFAULT_COST_MODEL, 2.0) == 2048
+    assert scaled_mixes(DEFAULT_COST_MODEL, 2.0) == MIXES
+    # A machine 1.5x slower at prefill: the longest prompt is the last one within 2 s.
     slow = replace(DEFAULT_COST_MODEL, **{k: getattr(DEFAULT_COST_MODEL, k) * 1.5
                                           for k in ("overhead", "a_prefill", "a_kv_prefill")})
     top = longest_prompt_within(slow, 2.0)
     assert top < 2048 and top % 64 == 0
     assert _prefill_alone(slow, top) <= 2.0 < _prefill_alone(slow, top + 64)
-    assert scaled_long_mix(slow, 2.0).endswith(f"long_prompt=0.05:{top // 2}-{top}:8-64")
+    f = top / 2048
+    mixes = scaled_mixes(slow, 2.0)
+    assert mixes["long"].endswith(f"long_prompt=0.05:{round(1024 * f)}-{top}:8-64")
+    assert mixes["cpu"] == (f"short=0.6:{round(16 * f)}-{round(256 * f)}:8-64,"
+                            f"summary=0.3:{round(256 * f)}-{round(1024 * f)}:64-256,"
+                            f"long_gen=0.1:{round(16 * f)}-{round(128 * f)}:256-512")
 
 
 def test_sim_at_real_puts_the_simulator_next_to_each_measured_probe(tmp_path):

@@ -72,3 +72,33 @@ def test_four_term_fit_leaves_a_kv_prefill_unset():
     fitted, r2 = CostModel.fit(works, [true.step_time(w) for w in works], split_kv=False)
     assert fitted.a_kv_prefill is None and r2 > 0.9999
     assert fitted.a_kv == pytest.approx(1e-6, rel=1e-6)
+
+
+def test_step_noise_pools_run_scatter_and_fit_error():
+    import math
+
+    from paternoster.scheduling.cost_model import StepWork
+    from paternoster.simulate.calibrate import CalibrationSample, step_noise
+
+    work = StepWork.from_arrays(np.array([0]), np.array([8]), np.array([8]))
+    # Runs 1 and e^0.2 s (log scatter: 0.01 each side, 1 degree of freedom),
+    # and a probe the model predicts exactly; no misfit.
+    a = CalibrationSample("a", work, math.exp(0.1), math.exp(0.1), (1.0, math.exp(0.2)))
+    b = CalibrationSample("b", work, 2.0, 2.0, (2.0, 2.0, 2.0))
+    assert step_noise([a, b]) == pytest.approx(math.sqrt(0.02 / 3))
+    # A 10 % misfit on one of the two probes adds mean(log(1.1)^2, 0) in variance.
+    c = CalibrationSample("c", work, 2.2, 2.0, (2.2, 2.2))
+    expected = math.sqrt(0.02 / 2 + math.log(1.1) ** 2 / 2)
+    assert step_noise([a, c]) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="two runs"):
+        step_noise([CalibrationSample("d", work, 1.0, 1.0, (1.0,))])
+
+
+def test_step_noise_round_trips_and_is_checked(tmp_path):
+    cm = CostModel(0.05, 4e-4, 1.5e-3, 2e-9, 5e-10, source="test", step_noise=0.12)
+    cm.save(tmp_path / "m.json")
+    assert CostModel.load(tmp_path / "m.json") == cm
+    assert CostModel.from_dict({"overhead": 0.1, "a_prefill": 0, "a_decode": 0,
+                                "a_kv": 0}).step_noise == 0.0  # fmt: skip
+    with pytest.raises(ValueError, match="step_noise"):
+        CostModel(0.1, 0.0, 0.0, 0.0, step_noise=-0.1)

@@ -111,6 +111,10 @@ class CostModel:
         a_kv_prefill: seconds per key attended by a prefill token, or ``None``
             (the four-term model: ``a_kv`` for every attended key).
         source: free text: where the coefficients come from.
+        step_noise: how much measured step times scatter around the model:
+            the standard deviation of ``log(measured / modelled)`` (0: none).
+            The simulator draws each step's time as ``step_time(work) *
+            exp(step_noise * z)``, ``z`` standard normal (seeded).
     Raises:
         ValueError: a negative or non-finite coefficient (the message names it).
     """
@@ -121,9 +125,10 @@ class CostModel:
     a_kv: float
     a_kv_prefill: float | None = None
     source: str = ""
+    step_noise: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("overhead", "a_prefill", "a_decode", "a_kv", "a_kv_prefill"):
+        for name in ("overhead", "a_prefill", "a_decode", "a_kv", "a_kv_prefill", "step_noise"):
             value = getattr(self, name)
             if value is None and name == "a_kv_prefill":
                 continue
@@ -159,8 +164,8 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         """Build from a dict with keys ``overhead``, ``a_prefill``, ``a_decode``,
-        ``a_kv`` (and optionally ``a_kv_prefill`` and ``source``; other keys are
-        ignored).
+        ``a_kv`` (and optionally ``a_kv_prefill``, ``source`` and
+        ``step_noise``; other keys are ignored).
 
         Raises:
             ValueError: a key is missing or a value is out of range.
@@ -175,6 +180,7 @@ class CostModel:
             a_kv=d["a_kv"],
             a_kv_prefill=d.get("a_kv_prefill"),
             source=str(d.get("source", "")),
+            step_noise=d.get("step_noise", 0.0),
         )
 
     def save(self, path: str | Path) -> None:

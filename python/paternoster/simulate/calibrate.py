@@ -5,11 +5,13 @@ several sizes (with and without cached context, i.e. chunks), decode batches of
 several sizes and context lengths, and mixes of both. The real C++
 ``KVCacheManager`` and ``BatchBuilder`` build every batch; one probe's time is
 the median of a few runs of build + forward + greedy sampling (after a warm-up
-run). :meth:`CostModel.fit` then fits the four coefficients.
+run). :meth:`CostModel.fit` then fits the coefficients, and the model's
+``step_noise`` is estimated from how the runs scatter (see :func:`step_noise`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -52,13 +54,15 @@ class CalibrationSample:
 
     Attributes:
         name: the probe's label. work: what it computes.
-        seconds: measured step time (fastest run). predicted: the fitted model's time.
+        seconds: measured step time (median run). predicted: the fitted model's time.
+        runs: every timed run's seconds.
     """
 
     name: str
     work: StepWork
     seconds: float
     predicted: float
+    runs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class Calibration:
             f"a_kv      = {cm.a_kv * 1e9:.3f} ns/key attended by a decode token",
             f"a_kv_prefill = {cm.per_key_prefill * 1e9:.3f} ns/key attended by a prefill token",
             f"R^2       = {self.r2:.4f}   ({cm.source})",
+            f"step_noise = {cm.step_noise:.3f} (sd of log measured/modelled step time)",
         ]
         if self.r2_four_terms is not None:
             lines.append(f"(four-term fit, one a_kv for every key: R^2 = {self.r2_four_terms:.4f})")
@@ -105,7 +110,7 @@ def calibrate(
     num_threads: int = 1,
     block_size: int = 16,
     probes: Sequence[tuple[str, Sequence[Row]]] = DEFAULT_PROBES,
-    repeats: int = 2,
+    repeats: int = 3,
     log: Callable[[str], None] | None = None,
 ) -> Calibration:
     """Time the real ModelRunner on ``probes`` and fit a :class:`CostModel`.
@@ -117,7 +122,7 @@ def calibrate(
         num_threads: torch and C++ kernel threads while timing (restored after).
         block_size: tokens per KV block.
         probes: ``(name, rows)`` batches, rows ``(cached tokens, new tokens)``.
-        repeats: timed runs per probe (the fastest counts), after one warm-up run.
+        repeats: timed runs per probe (the median counts), after one warm-up run.
         log: called with a line per probe (progress); ``None`` is silent.
     Returns:
         The fit, its R² and every probe's measured and fitted time.
@@ -152,8 +157,8 @@ def calibrate(
         rng = np.random.default_rng(0)
         vocab = min(runner.vocab_size, 32_000)
 
-        def run_probe(rows: Sequence[Row]) -> float:
-            """Fastest of ``repeats`` timed steps over ``rows`` (seconds)."""
+        def run_probe(rows: Sequence[Row]) -> list[float]:
+            """``repeats`` timed steps over ``rows`` (seconds), after a warm-up."""
             ids = np.arange(len(rows), dtype=np.int64)
             for i, (c, n) in zip(ids.tolist(), rows):
                 builder.add_request(i, rng.integers(0, vocab, c + n))
@@ -170,17 +175,18 @@ def calibrate(
             for i in ids.tolist():
                 builder.remove_request(i)
                 kv.free(i)
-            return min(times[1:])
+            return times[1:]
 
         measured = []
         for name, rows in probes:
-            seconds = run_probe(rows)
+            runs = run_probe(rows)
+            seconds = float(np.median(runs))
             work = StepWork.from_arrays(
                 np.array([c for c, _ in rows]),
                 np.array([n for _, n in rows]),
                 np.array([c if n == 1 else c + n for c, n in rows]),
             )
-            measured.append((name, work, seconds))
+            measured.append((name, work, seconds, tuple(runs)))
             if log:
                 log(f"  {name:<36} {seconds * 1e3:9.2f} ms")
     finally:
@@ -191,10 +197,37 @@ def calibrate(
         f"{num_threads} thread(s), block size {block_size}, {len(probes)} probes, "
         f"up to {max_tokens} KV tokens"
     )
-    works, seconds = [w for _, w, _ in measured], [s for *_, s in measured]
+    works, seconds = [m[1] for m in measured], [m[2] for m in measured]
     cost_model, r2 = CostModel.fit(works, seconds, source)
     _, r2_four_terms = CostModel.fit(works, seconds, split_kv=False)
     samples = tuple(
-        CalibrationSample(name, w, s, cost_model.step_time(w)) for name, w, s in measured
+        CalibrationSample(name, w, s, cost_model.step_time(w), runs)
+        for name, w, s, runs in measured
     )
+    cost_model = dataclasses.replace(cost_model, step_noise=step_noise(samples))
     return Calibration(cost_model, r2, samples, r2_four_terms)
+
+
+def step_noise(samples: Sequence[CalibrationSample]) -> float:
+    """How far measured step times scatter around the model, as the standard
+    deviation of ``log(measured / modelled)``: the runs' scatter around
+    their probe's mean log time (pooled, ``k - 1`` degrees of freedom per
+    probe) plus the fit's own error (each probe's median against the model),
+    added as variances. Runs back to back in one process see less of a
+    shared machine's slow minutes than a server does, so this is a lower
+    bound on a server's noise.
+
+    Raises:
+        ValueError: no probe has two runs.
+    """
+    within, dof = 0.0, 0
+    for s in samples:
+        if len(s.runs) >= 2:
+            logs = np.log(np.asarray(s.runs, dtype=np.float64))
+            within += float(np.sum((logs - logs.mean()) ** 2))
+            dof += len(logs) - 1
+    if dof == 0:
+        raise ValueError("step_noise needs probes with at least two runs")
+    fit = [np.log(s.seconds / s.predicted) for s in samples if s.predicted > 0]
+    misfit = float(np.mean(np.square(fit))) if fit else 0.0
+    return float(np.sqrt(within / dof + misfit))

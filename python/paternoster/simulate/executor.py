@@ -48,11 +48,13 @@ def simulate(
     max_num_batched_tokens: int = 2048,
     max_model_len: int = 8192,
     max_steps: int = 1_000_000,
+    seed: int = 0,
 ) -> SimulationResult:
     """Run ``trace`` through a scheduler policy on a simulated clock.
 
-    Deterministic: the same arguments give the same result (no wall clock, no
-    randomness). A whole-prompt policy (``supports_chunked_prefill`` false)
+    Deterministic: the same arguments give the same result (no wall clock; the
+    only randomness, the cost model's ``step_noise``, is drawn from ``seed``).
+    A whole-prompt policy (``supports_chunked_prefill`` false)
     gets its token budget raised to ``max_model_len``, as ``EngineCore`` does.
     Prefix caching is off (every trace request has its own prompt). The
     process's torch and core thread counts and torch's RNG state, which the
@@ -72,6 +74,7 @@ def simulate(
         max_num_batched_tokens: token budget per step.
         max_model_len: context cap in tokens (prompt + output).
         max_steps: safety cap on the number of steps.
+        seed: seeds the step-time noise (a cost model with ``step_noise`` > 0).
     Returns:
         Per-request metrics, per-step records and summaries.
     Raises:
@@ -127,7 +130,7 @@ def simulate(
     clock = SimClock()
     runner = CostModelRunner(cost_model, clock, num_kv_blocks=num_kv_blocks,
                              block_size=block_size, max_model_len=max_model_len,
-                             on_step=on_step)  # fmt: skip
+                             on_step=on_step, seed=seed)  # fmt: skip
     with _process_settings_kept():
         engine = EngineCore(config, runner, clock=clock)
         nxt = 0

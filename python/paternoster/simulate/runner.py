@@ -75,6 +75,7 @@ class CostModelRunner:
         on_step: called after each step with its input, the cost model's
             inputs and the step's start and end times (the simulator records
             its per-step results there).
+        seed: seeds the step-time noise (``cost_model.step_noise`` > 0).
 
     Attributes:
         eos_token_id: None (simulated requests stop at ``max_tokens``).
@@ -85,8 +86,9 @@ class CostModelRunner:
 
     def __init__(self, cost_model: CostModel, clock: SimClock, *, num_kv_blocks: int,
                  block_size: int, max_model_len: int, vocab_size: int = 32_000,
-                 on_step: StepObserver | None = None) -> None:
+                 on_step: StepObserver | None = None, seed: int = 0) -> None:
         self.cost_model = cost_model
+        self._rng = np.random.default_rng(seed) if cost_model.step_noise > 0 else None
         self.clock = clock
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
@@ -97,7 +99,8 @@ class CostModelRunner:
         self._on_step = on_step
 
     def execute_model(self, model_input: ModelInput) -> ModelRunnerOutput:
-        """Advance the clock by the step's cost; sample :data:`FAKE_TOKEN` per
+        """Advance the clock by the step's cost (times the noise factor, when
+        the cost model has ``step_noise``); sample :data:`FAKE_TOKEN` per
         sampling row.
 
         Args:
@@ -112,6 +115,8 @@ class CostModelRunner:
         work = StepWork.from_arrays(model_input.num_computed_tokens,
                                     model_input.num_scheduled_tokens, prompt)
         duration = self.cost_model.step_time(work)
+        if self._rng is not None:  # median-preserving: the fit is to median times
+            duration *= float(np.exp(self.cost_model.step_noise * self._rng.standard_normal()))
         if not duration > 0:
             raise ValueError(f"cost model gives a step time of {duration} for {work}")
         start = self.clock.now
