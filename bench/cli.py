@@ -304,6 +304,15 @@ class _Workload:
             d.update(input_len=a.input_len, output_len=a.output_len, range_ratio=a.range_ratio)
         return d
 
+    def num_literal_prompts(self) -> int:
+        """JSONL lines with a literal ``prompt`` (sent as written in every
+        probe, so a later probe finds them in the server's prefix cache); 0
+        for the made-up workloads."""
+        if self.trace is None:
+            return 0
+        other = self.make(len(self.trace), text_key=2**31 - 1)  # a key no probe gets
+        return sum(a.prompt == b.prompt for a, b in zip(self.trace, other))
+
     def default_size(self) -> int:
         """Requests in a JSONL trace, else 100."""
         return len(self.trace) if self.trace is not None else 100
@@ -327,7 +336,14 @@ class _Workload:
         if n < 1:
             raise ValueError(f"the number of requests must be >= 1, got {n}")
         if self.trace is not None:
-            return [self.trace[i % len(self.trace)] for i in range(n)]
+            trace = self.trace
+            if text_key is not None:  # prompt_len lines get fresh text; literal prompts stay
+                from paternoster.bench.workload import load_jsonl
+
+                maker = PromptMaker(self.tokenizer, (self.args.seed, text_key))
+                trace = load_jsonl(self.args.dataset[6:], maker, self.args.output_len,
+                                   self.max_len)  # fmt: skip
+            return [trace[i % len(trace)] for i in range(n)]
         a, seed = self.args, self.args.seed + seed_offset
         maker = PromptMaker(self.tokenizer, seed if text_key is None else (seed, text_key))
         if a.dataset == "random":
@@ -488,6 +504,11 @@ def _run_capacity(args: argparse.Namespace) -> int:
         )
         return res.summary, cap < n or res.summary["num_not_sent"] > 0
 
+    literal = workload.num_literal_prompts()
+    if literal:
+        print(f"note: {literal} JSONL prompts are literal text, sent as written in every "
+              "probe: after the first probe the server serves them from its prefix cache "
+              "(use prompt_len lines, which get fresh text per probe)")
     print(f"capacity search on {base.url} (model {model}), {args.mode} mode")
     print(probe_header(args.mode), end="", flush=True)
     count = 0

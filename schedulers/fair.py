@@ -231,7 +231,8 @@ def _tenant_weights(value: object) -> dict[str, float]:
     for tenant, w in value.items():
         if not isinstance(tenant, str) or not tenant:
             raise ValueError(f"tenant_weights keys must be tenant names, got {tenant!r}")
-        if _weight(w, f"tenant_weights[{tenant!r}]") == 0:
-            raise ValueError(f"tenant_weights[{tenant!r}] must be > 0, got {w!r}")
+        name = f"tenant_weights[{tenant!r}]"
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {w!r}")
         out[tenant] = float(w)
     return out

@@ -146,6 +146,8 @@ def _parse_classes(classes: Any, default: Targets) -> dict[int, Targets]:
             raise ValueError(f"classes keys must be integer priorities, got {key!r}") from None
         if isinstance(key, bool) or (isinstance(key, float) and key != prio):
             raise ValueError(f"classes keys must be integer priorities, got {key!r}")
+        if prio in out:
+            raise ValueError(f"classes gives priority {prio} twice (key {key!r})")
         if not isinstance(entry, Mapping):
             raise ValueError(f"classes[{key!r}] must be an object with ttft_s and/or itl_s")
         unknown = set(entry) - {"ttft_s", "itl_s"}

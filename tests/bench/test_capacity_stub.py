@@ -101,3 +101,23 @@ def test_each_probe_sends_fresh_prompts_of_the_same_lengths(tmp_path):
     same = make_mix(12, PromptMaker(None, 0), parse_mix("a=1:4-40:2-3"), None, 0)
     for probe, n in zip(probes, sizes):
         assert sorted(len(p.split()) for p in probe) == sorted(r.prompt_len for r in same[:n])
+
+
+def test_jsonl_prompt_len_lines_get_fresh_text_per_probe_and_literal_ones_are_noted(
+        tmp_path, capsys):  # fmt: skip
+    trace = tmp_path / "trace.jsonl"
+    lines = [json.dumps({"prompt_len": n, "output_len": 2}) for n in (8, 12, 16)]
+    trace.write_text("\n".join([*lines, json.dumps({"prompt": "the same words", "output_len": 2})]))
+    with StubServer(ttft=0.0, itl=0.001) as srv:
+        rc = bench_main([
+            "capacity", "--base-url", srv.url, "--dataset", f"jsonl:{trace}", "--no-progress",
+            "--mode", "concurrency", "--slo-ttft-p95", "5", "--slo-itl-p95", "5", "--start", "1",
+            "--bisect-rounds", "0", "--probe-requests", "4", "--max-load", "2", "--warmup", "0",
+        ])  # fmt: skip
+    assert rc == 0
+    assert "note: 1 JSONL prompts are literal text" in capsys.readouterr().out
+    prompts = [b["prompt"] for b in srv.bodies]
+    first, second = prompts[:4], prompts[4:10]  # 4 requests at 1, then 6 at 2
+    made = lambda probe: {p for p in probe if p != "the same words"}  # noqa: E731
+    assert len(made(first)) == 3 and not made(first) & made(second)
+    assert sorted(len(p.split()) for p in made(first)) == [8, 12, 16]

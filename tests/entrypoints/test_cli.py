@@ -42,6 +42,11 @@ def test_scheduler_config_is_a_json_object_inline_or_in_a_file(tmp_path):
     path.write_text("[1]")
     with pytest.raises(ValueError, match="must be a JSON object, got list"):
         parse_scheduler_config(str(path))
+    path.write_text('{"itl_s": 0.1}')
+    assert parse_scheduler_config(path) == {"itl_s": 0.1}  # a pathlib.Path
+    for value in ([1], 5):
+        with pytest.raises(ValueError, match="must be a dict, a JSON object string or a file"):
+            parse_scheduler_config(value)
 
 
 @pytest.mark.parametrize("scheduler,config,match", [
@@ -52,7 +57,9 @@ def test_scheduler_config_is_a_json_object_inline_or_in_a_file(tmp_path):
     ("chunked_prefill", {"long_prefill_token_threshold": True}, "long_prefill_token_threshold"),
     ("priority", {"aging_steps": "often"}, "aging_steps must be an integer"),
     ("fair", {"input_token_weight": 0, "output_token_weight": 0}, "must not both be 0"),
-    ("fair", {"tenant_weights": {"a": -1}}, r"tenant_weights\['a'\] must be a finite"),
+    ("fair", {"tenant_weights": {"a": -1}}, r"tenant_weights\['a'\] must be a finite number > 0"),
+    ("fair", {"tenant_weights": {"a": 0}}, r"tenant_weights\['a'\] must be a finite number > 0"),
+    ("slo", {"classes": {"1": {"ttft_s": 1}, "01": {"ttft_s": 2}}}, "priority 1 twice"),
     ("fair", {"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
 ])  # fmt: skip
 def test_bad_scheduler_config_values_fail_when_the_config_is_built(scheduler, config, match):

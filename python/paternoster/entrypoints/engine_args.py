@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -175,8 +176,9 @@ ENGINE_ARG_NAMES = (
 )  # fmt: skip
 
 
-def parse_scheduler_config(value: dict | str | None) -> dict:
-    """A policy's options from a dict, a JSON object string or a JSON file path.
+def parse_scheduler_config(value: dict | str | os.PathLike | None) -> dict:
+    """A policy's options from a dict, a JSON object string or a JSON file path
+    (a string or an ``os.PathLike``).
 
     Raises:
         ValueError: not a JSON object, an empty or blank string, an unreadable
@@ -186,6 +188,15 @@ def parse_scheduler_config(value: dict | str | None) -> dict:
         return {}
     if isinstance(value, dict):
         return dict(value)
+    if isinstance(value, os.PathLike):
+        parsed = _read_json_file(os.fspath(value))
+        if not isinstance(parsed, dict):
+            raise ValueError(f"scheduler_config must be a JSON object, got "
+                             f"{type(parsed).__name__}")  # fmt: skip
+        return parsed
+    if not isinstance(value, str):
+        raise ValueError(f"scheduler_config must be a dict, a JSON object string or a file "
+                         f"path, got {type(value).__name__}")  # fmt: skip
     if not value.strip():
         raise ValueError("scheduler_config is empty: give a JSON object (e.g. '{}') or a file")
     try:
