@@ -115,7 +115,8 @@ def test_serve_reports_an_engine_that_fails_to_start(tmp_path, default_model_pat
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(default_model_path / name, tmp_path / name)
     proc = subprocess.run(
-        [sys.executable, "-m", "paternoster.entrypoints.cli", "serve", str(tmp_path)],
+        [sys.executable, "-m", "paternoster.entrypoints.cli", "serve", str(tmp_path),
+         "--port", "0"],  # not 8000: another server on this machine must not matter
         env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 1
