@@ -136,11 +136,16 @@ def plot_cdf(
 
 
 def probe_header(mode: str) -> str:
-    """The header line of the probe table (``mode``: ``rate`` or ``concurrency``)."""
-    unit = "req/s" if mode == "rate" else "conc."
+    """The header line of the probe table (``mode``: ``rate`` or ``concurrency``).
+
+    Columns: the probe's offered load (req/s, or requests in flight), requests
+    sent and failed, p95 TTFT and p95 ITL (ms), completed requests per second
+    and output tokens per second.
+    """
+    load = "offered" if mode == "rate" else "conc."
     return (
-        f"{'#':>3} {'phase':<7} {unit:>8} {'sent':>5} {'err':>4} {'p95 TTFT':>9} "
-        f"{'p95 ITL':>8} {'req/s':>7} {'tok/s':>7}  verdict\n"
+        f"{'#':>3} {'phase':<7} {load:>8} {'sent':>5} {'err':>4} {'p95 TTFT':>9} "
+        f"{'p95 ITL':>8} {'done/s':>7} {'tok/s':>7}  verdict\n"
     )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from paternoster.request import Request
+from paternoster.scheduling.policy import option_text
 from paternoster.scheduling.scheduler import Scheduler
 
 
@@ -40,7 +41,8 @@ class ChunkedPrefillScheduler(Scheduler):
         """
         cap = options["long_prefill_token_threshold"]
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0, got {cap!r}")
+            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0, "
+                             f"got {option_text(cap)}")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)  # checks the options

@@ -10,6 +10,7 @@ from paternoster.request import Request
 from paternoster.schedulers.chunked_prefill import ChunkedPrefillScheduler
 from paternoster.scheduling.fair_queue import Tenant, TenantFairQueue
 from paternoster.scheduling.output import SchedulerOutput
+from paternoster.scheduling.policy import option_text
 from paternoster.scheduling.request_queue import RequestQueue
 
 
@@ -213,9 +214,9 @@ def _weight(value: object, name: str) -> float:
         ValueError: naming ``name``.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        raise ValueError(f"{name} must be a number >= 0, got {option_text(value)}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0, got {option_text(value)}")
     return float(value)
 
 
@@ -226,13 +227,14 @@ def _tenant_weights(value: object) -> dict[str, float]:
         ValueError: naming ``tenant_weights`` and the bad entry.
     """
     if not isinstance(value, dict):
-        raise ValueError(f"tenant_weights must be a map of tenant to weight, got {value!r}")
+        raise ValueError(f"tenant_weights must be a map of tenant to weight, "
+                         f"got {option_text(value)}")
     out = {}
     for tenant, w in value.items():
         if not isinstance(tenant, str) or not tenant:
-            raise ValueError(f"tenant_weights keys must be tenant names, got {tenant!r}")
+            raise ValueError(f"tenant_weights keys must be tenant names, got {option_text(tenant)}")
         name = f"tenant_weights[{tenant!r}]"
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
-            raise ValueError(f"{name} must be a finite number > 0, got {w!r}")
+            raise ValueError(f"{name} must be a finite number > 0, got {option_text(w)}")
         out[tenant] = float(w)
     return out

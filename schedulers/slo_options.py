@@ -15,6 +15,7 @@ from typing import Any
 
 from paternoster.request import Request
 from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL, CostModel
+from paternoster.scheduling.policy import option_text
 
 #: ``--scheduler-config`` keys of the ``slo`` policy and their defaults.
 DEFAULT_OPTIONS: dict[str, Any] = {
@@ -37,13 +38,13 @@ def _seconds(value: Any, name: str) -> float:
         ValueError: anything else (naming ``name``).
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        raise ValueError(f"{name} must be a number of seconds > 0, got {option_text(value)}")
     return float(value)
 
 
 def _flag(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
+        raise ValueError(f"{name} must be true or false, got {option_text(value)}")
     return value
 
 
@@ -101,13 +102,14 @@ class SLOOptions:
         margin = options["margin"]
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) \
                 or not 0 <= margin <= 0.9:  # fmt: skip
-            raise ValueError(f"margin must be a number in [0, 0.9], got {margin!r}")
+            raise ValueError(f"margin must be a number in [0, 0.9], got {option_text(margin)}")
         miss = options["itl_miss_budget"]
         if isinstance(miss, bool) or not isinstance(miss, (int, float)) or not 0 <= miss <= 0.5:
-            raise ValueError(f"itl_miss_budget must be a number in [0, 0.5], got {miss!r}")
+            raise ValueError(f"itl_miss_budget must be a number in [0, 0.5], "
+                             f"got {option_text(miss)}")
         chunk = options["min_chunk_tokens"]
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"min_chunk_tokens must be an integer >= 1, got {chunk!r}")
+            raise ValueError(f"min_chunk_tokens must be an integer >= 1, got {option_text(chunk)}")
         return cls(
             default=default,
             classes=_parse_classes(options["classes"], default),
@@ -137,15 +139,17 @@ def _parse_classes(classes: Any, default: Targets) -> dict[int, Targets]:
             is not a mapping, an unknown entry key or a bad value.
     """
     if not isinstance(classes, Mapping):
-        raise ValueError(f"classes must be an object of priority -> targets, got {classes!r}")
+        raise ValueError(f"classes must be an object of priority -> targets, "
+                         f"got {option_text(classes)}")
     out = {}
     for key, entry in classes.items():
         try:
             prio = int(key)
         except (TypeError, ValueError):
-            raise ValueError(f"classes keys must be integer priorities, got {key!r}") from None
+            raise ValueError(f"classes keys must be integer priorities, "
+                             f"got {option_text(key)}") from None
         if isinstance(key, bool) or (isinstance(key, float) and key != prio):
-            raise ValueError(f"classes keys must be integer priorities, got {key!r}")
+            raise ValueError(f"classes keys must be integer priorities, got {option_text(key)}")
         if prio in out:
             raise ValueError(f"classes gives priority {prio} twice (key {key!r})")
         if not isinstance(entry, Mapping):
@@ -176,4 +180,5 @@ def _parse_cost_model(value: Any) -> CostModel:
             return CostModel.from_dict(dict(value))
     except ValueError as e:
         raise ValueError(f"cost_model: {e}") from None
-    raise ValueError(f"cost_model must be null, a JSON file path or an object, got {value!r}")
+    raise ValueError(f"cost_model must be null, a JSON file path or an object, "
+                     f"got {option_text(value)}")

@@ -61,8 +61,10 @@ def test_the_schedule_is_absolute_so_a_slow_server_keeps_the_offered_load():
         res = _run(srv.url, n=20, request_rate=20.0, seed=1)
     s = res.summary
     assert s["num_completed"] == 20
-    assert s["max_send_lag"] < 0.05
-    assert s["send_rate"] == pytest.approx(s["offered_rate"], rel=0.05)
+    # A sender that waited for each answer would lag 19 x 0.45 s ~ 8.5 s and send
+    # at ~2 req/s; the bounds leave room for a loaded CI machine (0.6 s seen).
+    assert s["max_send_lag"] < 1.5
+    assert s["send_rate"] > 0.5 * s["offered_rate"]
     assert srv.max_in_flight >= 5  # requests overlapped instead of queueing behind each other
 
 

@@ -28,6 +28,9 @@ def test_parse_bytes_accepts_plain_and_suffixed_sizes():
 
 def test_scheduler_config_is_a_json_object_inline_or_in_a_file(tmp_path):
     assert parse_scheduler_config('{"ttft_s": 2}') == {"ttft_s": 2}
+    nested = parse_scheduler_config('{"classes": {"1": {"ttft_s": 1}}, "w": [{"a": 1}]}')
+    assert nested == {"classes": {"1": {"ttft_s": 1}}, "w": [{"a": 1}]}
+    assert type(nested["classes"]["1"]) is dict and type(nested["w"][0]) is dict
     path = tmp_path / "slo.json"
     path.write_text('{"itl_s": 0.1}')
     assert parse_scheduler_config(str(path)) == {"itl_s": 0.1}
@@ -35,7 +38,10 @@ def test_scheduler_config_is_a_json_object_inline_or_in_a_file(tmp_path):
                          ("3", "must be a JSON object, got int"),
                          ("{bad", "is not valid JSON"),
                          ("", "is empty"), ("  ", "is empty"),
-                         ('{"margin": 0.1, "margin": 0.2}', "gives the key 'margin' twice"),
+                         ('{"margin": 0.1, "margin": 0.2}', "gives the key 'margin' twice$"),
+                         ('{"classes": {"1": {"ttft_s": 1, "ttft_s": 2}}}',
+                          r"gives the key 'ttft_s' twice in classes\.1$"),
+                         ('{"w": [{"a": 1, "a": 1}]}', r"key 'a' twice in w\[0\]$"),
                          (str(tmp_path / "none.json"), "or a JSON file path")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             parse_scheduler_config(value)
@@ -54,8 +60,10 @@ def test_scheduler_config_is_a_json_object_inline_or_in_a_file(tmp_path):
     ("slo", {"margin": 2}, "margin must be a number in"),
     ("slo", {"cost_model": "/no/such/model.json"}, "cost_model"),
     ("chunked_prefill", {"long_prefill_token_threshold": -5}, "long_prefill_token_threshold"),
-    ("chunked_prefill", {"long_prefill_token_threshold": True}, "long_prefill_token_threshold"),
-    ("priority", {"aging_steps": "often"}, "aging_steps must be an integer"),
+    ("chunked_prefill", {"long_prefill_token_threshold": True},
+     "long_prefill_token_threshold must be an integer >= 0, got true$"),  # as JSON writes it
+    ("priority", {"aging_steps": "often"}, 'aging_steps must be an integer >= 0, got "often"$'),
+    ("slo", {"load_shedding": None}, "load_shedding must be true or false, got null$"),
     ("fair", {"input_token_weight": 0, "output_token_weight": 0}, "must not both be 0"),
     ("fair", {"tenant_weights": {"a": -1}}, r"tenant_weights\['a'\] must be a finite number > 0"),
     ("fair", {"tenant_weights": {"a": 0}}, r"tenant_weights\['a'\] must be a finite number > 0"),

@@ -210,20 +210,45 @@ def parse_scheduler_config(value: dict | str | os.PathLike | None) -> dict:
     return parsed
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    """A JSON object's pairs as a dict; a key given twice is an error (plain
-    ``json.loads`` would keep the last one silently)."""
-    out: dict = {}
+class _Pairs(dict):
+    """A parsed JSON object remembering the first key it was given twice."""
+
+    duplicate: str | None = None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> _Pairs:
+    """A JSON object's pairs as a dict that remembers a key given twice (plain
+    ``json.loads`` keeps the last one silently); :func:`_plain` reports it
+    with where it sits, which this hook, called innermost first, cannot know."""
+    out = _Pairs()
     for key, val in pairs:
-        if key in out:
-            raise ValueError(f"scheduler_config gives the key {key!r} twice")
+        if key in out and out.duplicate is None:
+            out.duplicate = key
         out[key] = val
     return out
 
 
+def _plain(value: Any, where: str = "") -> Any:
+    """``value`` with every :class:`_Pairs` turned into a plain dict.
+
+    Raises:
+        ValueError: an object gave a key twice, naming the key and the option
+            path it sits under (``classes.interactive``).
+    """
+    if isinstance(value, dict):
+        dup = getattr(value, "duplicate", None)
+        if dup is not None:
+            at = f" in {where}" if where else ""
+            raise ValueError(f"scheduler_config gives the key {dup!r} twice{at}")
+        return {k: _plain(v, f"{where}.{k}" if where else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
 def _loads(text: str) -> Any:
-    """``json.loads`` refusing duplicate keys (ValueError)."""
-    return json.loads(text, object_pairs_hook=_unique_keys)
+    """``json.loads`` refusing duplicate keys (ValueError naming where)."""
+    return _plain(json.loads(text, object_pairs_hook=_unique_keys))
 
 
 def _read_json_file(path: str) -> Any:

@@ -8,6 +8,7 @@ the hooks it overrides, with their defaults. A policy subclasses
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -19,6 +20,15 @@ from paternoster.scheduling.request_queue import FCFSRequestQueue, RequestQueue
 #: Anything on that page that could break a plugin bumps it; the registry refuses a
 #: policy class whose ``api_version`` differs.
 SCHEDULER_API_VERSION = 2
+
+
+def option_text(value: Any) -> str:
+    """``value`` as a ``--scheduler-config`` user wrote it, for error messages:
+    JSON (``true``, ``null``, ``"often"``) where it is JSON, else ``repr``."""
+    try:
+        return json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 class SchedulerPolicy:
