@@ -14,11 +14,15 @@ test is unchanged); matrix multiplies are grouped by weight shape
 (``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``). Prints, per batch, the
 milliseconds per step of each row and its share of the step, and the memory
 limit: bytes of weights and KV read per step divided by the machine's
-measured copy bandwidth (:func:`memory_bandwidth`, a STREAM-like copy).
+measured read bandwidth (:func:`memory_bandwidth`; the STREAM-like copy is
+printed too), and, with ``--rounds N``, the step against the limit in N
+interleaved pairs (:mod:`paternoster.bench.memory_limit`: a few steps, then
+one bandwidth sample, so each ratio is taken at one moment of a VM whose
+bandwidth drifts).
 Usage::
 
     .venv/bin/python bench/step_profile.py [--batches 1,8,64] [--threads 2] [--steps 20]
-        [--model path/to/model.gguf] [--python-layers]
+        [--model path/to/model.gguf] [--python-layers] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -159,7 +163,8 @@ def profile_batch(engine, batch: int, args,
     from paternoster.engine.messages import EngineCoreRequest
 
     vocab = engine.runner.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=args.steps * 4 + 64, ignore_eos=True)
+    max_tokens = args.steps * 4 + args.rounds * args.round_steps + 64
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     ids = [f"p{batch}-{i}" for i in range(batch)]
     for rid in ids:
         engine.add_request(EngineCoreRequest(rid, [rng.randrange(3, vocab)
@@ -182,6 +187,22 @@ def profile_batch(engine, batch: int, args,
             t = time.perf_counter()
             engine.step()
             step_times.append(time.perf_counter() - t)
+    if args.rounds:
+        from paternoster.bench.memory_limit import BandwidthProbe, paired_rounds, summarize
+
+        done = [args.warmup + 2 * args.steps]
+
+        def one_step() -> None:
+            engine.step()
+            done[0] += 1
+
+        def need() -> float:
+            return args.weight_bytes + batch * (args.prompt_len + done[0]) * args.kv_per_token
+
+        probe = BandwidthProbe()
+        print(f"\n## batch {batch}, interleaved\n"
+              + summarize(paired_rounds(one_step, need, probe, args.rounds, args.round_steps)))
+        del probe
     engine.abort_requests(ids)
     rows: dict[str, float] = defaultdict(float)
     for ev in prof.events():
@@ -224,6 +245,9 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--python-layers", action="store_true",
                     help="run every step through the Python layers (no decoder stack)")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="also time the step against the limit in N interleaved pairs")
+    ap.add_argument("--round-steps", type=int, default=5, help="decode steps per round")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -241,6 +265,7 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
     wbytes = weight_bytes(model)
     kv_per_token = (2 * engine.runner.num_layers * engine.runner.num_kv_heads
                     * engine.runner.head_dim * engine.runner.dtype.itemsize)
+    args.weight_bytes, args.kv_per_token = wbytes, kv_per_token
     print(f"{machine_info()}")
     print(f"memory bandwidth ({args.threads} threads): copy {copy_bw / 1e9:.1f} GB/s, "
           f"read {bandwidth / 1e9:.1f} GB/s (the limit uses read); "
