@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from paternoster.request import Request
-from paternoster.scheduling.policy import option_text
+from paternoster.scheduling.policy import require_int
 from paternoster.scheduling.scheduler import Scheduler
 
 
@@ -39,10 +39,7 @@ class ChunkedPrefillScheduler(Scheduler):
         Raises:
             ValueError: naming it.
         """
-        cap = options["long_prefill_token_threshold"]
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0, "
-                             f"got {option_text(cap)}")
+        require_int(options, "long_prefill_token_threshold")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)  # checks the options

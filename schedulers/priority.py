@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from paternoster.request import Request
 from paternoster.scheduling.output import SchedulerOutput
-from paternoster.scheduling.policy import option_text
+from paternoster.scheduling.policy import require_int
 from paternoster.scheduling.request_queue import PriorityRequestQueue, RequestQueue
 from paternoster.scheduling.scheduler import Scheduler
 
@@ -50,9 +50,7 @@ class PriorityScheduler(Scheduler):
         Raises:
             ValueError: naming it.
         """
-        aging = options["aging_steps"]
-        if isinstance(aging, bool) or not isinstance(aging, int) or aging < 0:
-            raise ValueError(f"aging_steps must be an integer >= 0, got {option_text(aging)}")
+        require_int(options, "aging_steps")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)  # checks the options

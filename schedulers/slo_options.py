@@ -15,7 +15,7 @@ from typing import Any
 
 from paternoster.request import Request
 from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL, CostModel
-from paternoster.scheduling.policy import option_text
+from paternoster.scheduling.policy import option_text, require_int
 
 #: ``--scheduler-config`` keys of the ``slo`` policy and their defaults.
 DEFAULT_OPTIONS: dict[str, Any] = {
@@ -107,9 +107,7 @@ class SLOOptions:
         if isinstance(miss, bool) or not isinstance(miss, (int, float)) or not 0 <= miss <= 0.5:
             raise ValueError(f"itl_miss_budget must be a number in [0, 0.5], "
                              f"got {option_text(miss)}")
-        chunk = options["min_chunk_tokens"]
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"min_chunk_tokens must be an integer >= 1, got {option_text(chunk)}")
+        chunk = require_int(options, "min_chunk_tokens", minimum=1)
         return cls(
             default=default,
             classes=_parse_classes(options["classes"], default),

@@ -31,6 +31,18 @@ def option_text(value: Any) -> str:
         return repr(value)
 
 
+def require_int(options: Mapping[str, Any], name: str, minimum: int = 0) -> int:
+    """``options[name]`` when it is an integer >= ``minimum`` (``True`` is not).
+
+    Raises:
+        ValueError: ``"<name> must be an integer >= <minimum>, got <value as JSON>"``.
+    """
+    value = options[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {option_text(value)}")
+    return value
+
+
 class SchedulerPolicy:
     """The hooks of a scheduling policy and the attributes it sets, with the
     defaults of the base :class:`~paternoster.scheduling.scheduler.Scheduler`.
