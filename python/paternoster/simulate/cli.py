@@ -5,7 +5,8 @@ model instead of a model, prints a summary table (and, for a trace with
 several tenants, one row per tenant) and writes, under ``--out``,
 the trace used (``trace.jsonl``), per policy a results file (``NAME.json``)
 and a Gantt chart (``NAME.png``), and the tables (``summary.md``).
-``--calibrate`` first times the real ModelRunner and fits the cost model.
+``--calibrate`` first times the real ModelRunner and fits the cost model;
+``--fit-timeline`` fits it to a running server's own steps instead.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
         help="time the real model runner, fit the cost model, save it (to --cost-model "
         "if given, else OUT/cost_model.json) and use it",
     )  # fmt: skip
+    g.add_argument(
+        "--fit-timeline", default=None, metavar="URL_OR_JSON",
+        help="fit the cost model to a server's own steps: its base URL (serve with "
+        "--timeline-size N) or a saved GET /debug/timeline?format=snapshot; saved like "
+        "--calibrate and used",
+    )  # fmt: skip
     g.add_argument("--model", default=None, help="model to calibrate on (default: embedded)")
     g.add_argument("--dtype", default="bfloat16", help="dtype to calibrate with")
     g.add_argument("--num-threads", type=int, default=1, help="threads while calibrating")
@@ -111,6 +118,17 @@ def _cost_model(args: argparse.Namespace, out: Path) -> CostModel:
         cal.cost_model.save(path)
         print(f"cost model written to {path}")
         return cal.cost_model
+    if args.fit_timeline:
+        from paternoster.simulate.timeline_fit import fit_timeline, load_snapshot
+
+        fit = fit_timeline(load_snapshot(args.fit_timeline),
+                           source=f"fitted to the timeline of {args.fit_timeline}")
+        print(fit.report())
+        path = Path(args.cost_model) if args.cost_model else out / "cost_model.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fit.cost_model.save(path)
+        print(f"cost model written to {path}")
+        return fit.cost_model
     if args.cost_model:
         return CostModel.load(args.cost_model)
     return DEFAULT_COST_MODEL
@@ -127,14 +145,17 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     try:
-        if args.unit_cost and (args.calibrate or args.cost_model):
-            raise ValueError("--unit-cost excludes --calibrate and --cost-model")
+        if args.unit_cost and (args.calibrate or args.cost_model or args.fit_timeline):
+            raise ValueError("--unit-cost excludes --calibrate, --fit-timeline and --cost-model")
+        if args.calibrate and args.fit_timeline:
+            raise ValueError("--calibrate and --fit-timeline both make the cost model: "
+                             "give one")
         names = [n.strip() for n in (args.compare or args.scheduler).split(",") if n.strip()]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"--compare needs distinct policy names, got {args.compare!r}")
         configs = _policy_configs(names, args.scheduler_config, bool(args.compare))
-        if args.trace is None and not args.mix and not args.calibrate:
-            raise ValueError("give --trace PATH or --mix (or --calibrate)")
+        if args.trace is None and not args.mix and not args.calibrate and not args.fit_timeline:
+            raise ValueError("give --trace PATH or --mix (or --calibrate / --fit-timeline)")
         out.mkdir(parents=True, exist_ok=True)
         cost_model = _cost_model(args, out)
         if args.trace is None and not args.mix:
