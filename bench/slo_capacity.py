@@ -16,7 +16,12 @@ the calibrated cost model). Real probe: ``paternoster serve`` started per
 policy and searched by ``paternoster bench capacity`` with the same plan
 (:mod:`paternoster.bench.peer_servers`). With ``--real`` the cost model is
 first calibrated on this machine at the server's thread count
-(``--cost-model`` to give one), so the prediction is for this machine.
+(``--cost-model`` to give one), so the prediction is for this machine. With
+``--fit-timeline`` each server also records its request timeline; after its
+search the cost model is fitted to the server's own steps
+(:mod:`paternoster.simulate.timeline_fit`) and the simulator searched again
+with it: a last table puts both predictions next to the measured capacity, so
+the error of the step-time input and that of the queueing model separate.
 
 Policies: ``fcfs``; ``chunked_prefill`` with a token budget
 (``--max-num-batched-tokens``) of 128, 256, 512 and 2048 (``--chunks``; 2048
@@ -215,9 +220,22 @@ PROBE_HEAD = ("| mix | policy | req/s | p95 TTFT measured (s) | sim (s) | p95 IT
 # ------------------------------------------------------------ real server
 
 
-def real_capacity(policy: Policy, mix: str, args: argparse.Namespace, out_dir: Path) -> dict:
+#: ``--fit-timeline``: steps the server's timeline keeps (a 15-min search at
+#: 20-60 ms a step fits; the engine sends the newer part when it is larger
+#: than a frame).
+TIMELINE_STEPS = 40000
+
+
+def real_capacity(policy: Policy, mix: str, args: argparse.Namespace,
+                  out_dir: Path) -> tuple[dict, dict | None]:  # fmt: skip
     """Start ``paternoster serve`` with ``policy`` and search its capacity with
-    ``paternoster bench capacity`` (the JSON it writes)."""
+    ``paternoster bench capacity``.
+
+    Returns:
+        (the search JSON it writes, and with ``args.fit_timeline`` the server's
+        timeline snapshot taken after the search (saved next to the JSON), else
+        ``None``).
+    """
     plan = peer_servers.CapacityPlan(
         start=args.start, probe_duration=args.probe_duration, probe_requests=args.probe_requests,
         max_duration=args.max_duration, bisect_rounds=args.real_bisect_rounds,
@@ -227,9 +245,53 @@ def real_capacity(policy: Policy, mix: str, args: argparse.Namespace, out_dir: P
     port = peer_servers.free_port()
     cmd = [peer_servers.paternoster_cli(), "serve", "--port", str(port), "--num-threads",
            str(args.num_threads), *policy.serve_args(), *args.serve_args]  # fmt: skip
+    if args.fit_timeline:
+        cmd += ["--timeline-size", str(TIMELINE_STEPS), "--timeline-sample-rate", "1"]
     name = policy.label.replace(" ", "-")
     with peer_servers.running_server(cmd, port, out_dir / f"{name}.log", 600) as url:
-        return peer_servers.run_capacity(plan, url, args.max_model_len, out_dir / f"{name}.json")
+        search = peer_servers.run_capacity(plan, url, args.max_model_len,
+                                           out_dir / f"{name}.json")  # fmt: skip
+        if not args.fit_timeline:
+            return search, None
+        from paternoster.simulate.timeline_fit import load_snapshot
+
+        snapshot = load_snapshot(url)
+    (out_dir / f"{name}.timeline.json").write_text(json.dumps(snapshot))
+    return search, snapshot
+
+
+def server_fit_row(policy: Policy, mix: str, spec: str, search: dict, snapshot: dict,
+                   plan: SearchPlan, objectives: Objectives, args: argparse.Namespace,
+                   calibrated_capacity: float | None) -> tuple[str, dict]:  # fmt: skip
+    """Fit the cost model to the server's own steps (``simulate --fit-timeline``)
+    and search the simulator's capacity with it: the simulator's queueing model
+    judged with the server's step times.
+
+    Returns:
+        (a markdown row for :data:`FIT_HEAD`, the JSON record).
+    """
+    from paternoster.simulate.timeline_fit import fit_timeline
+
+    fit = fit_timeline(snapshot, source=f"server timeline: {mix} {policy.label}")
+    res = sim_capacity(policy, spec, plan, objectives, args, fit.cost_model)
+    m = search.get("capacity")
+
+    def over(c: float | None) -> str:
+        return f"{c / m:.2f}" if c and m else "-"
+
+    row = (f"| {mix} | {policy.label} | {_cap(m)} | {over(calibrated_capacity)} | "
+           f"{_cap(res.capacity)} | {over(res.capacity)} | {fit.num_steps} | {fit.r2:.3f} | "
+           f"{fit.cost_model.step_noise:.3f} | {fit.cost_model.overhead * 1e3:.1f} |")
+    record = {"cost_model": fit.cost_model.to_dict(), "r2": fit.r2, "num_steps": fit.num_steps,
+              "num_skipped": fit.num_skipped, "report": fit.report(), "sim": res.to_dict()}
+    print(f"server fit {mix} {policy.label}: {fit.report()}; sim capacity "
+          f"{_cap(res.capacity)} req/s", flush=True)
+    return row, record
+
+
+FIT_HEAD = ("| mix | policy | measured (req/s) | sim calibrated / measured | "
+            "sim on server steps (req/s) | sim on server steps / measured | steps fitted | "
+            "R² | step noise | overhead (ms) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 # ----------------------------------------------------------------- report
@@ -302,6 +364,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--max-duration", type=float, default=900.0, help="seconds per search")
     g.add_argument("--warmup", type=int, default=4, help="warm-up requests per server")
     g.add_argument("--serve-args", default="", help="more `paternoster serve` flags, one string")
+    g.add_argument("--fit-timeline", action="store_true",
+                   help="record each server's timeline, fit the cost model to its steps and "
+                        "search the simulator's capacity with that model too")  # fmt: skip
     g.add_argument("--sim-at-real", default=None, metavar="DIR",
                    help="no search: the simulator at each load a finished --real run in DIR "
                         "probed (its cost model, mixes and policies), next to the measured "
@@ -379,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine scale {machine_scale(cost_model, args.slo_ttft_p95):.3f}", flush=True)
     results["mix_specs"] = {m: mixes[m] for m in args.mixes}
     probe_lines: list[str] = []
+    fit_lines: list[str] = []
     for mix in args.mixes:
         print(f"mix {mix}: {mixes[mix]}", flush=True)
         sim: dict[str, float | None] = {}
@@ -393,8 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.real:
             for p in contenders:
                 try:
-                    search = real_capacity(p, mixes[mix], args, out_dir / mix)
-                except RuntimeError as e:
+                    search, snapshot = real_capacity(p, mixes[mix], args, out_dir / mix)
+                except (RuntimeError, ValueError) as e:
                     print(f"real {mix} {p.label}: {e}", file=sys.stderr)
                     return 1
                 real[p.label] = search.get("capacity")
@@ -403,11 +469,18 @@ def main(argv: list[str] | None = None) -> int:
                         for pr in search.get("probes", [])]  # fmt: skip
                 results["mixes"][mix][p.label]["sim_at_real_loads"] = sims
                 probe_lines += probe_rows(p.label, mix, search, sims)
+                if snapshot is not None:
+                    row, record = server_fit_row(p, mix, mixes[mix], search, snapshot, plan,
+                                                 objectives, args, sim[p.label])  # fmt: skip
+                    fit_lines.append(row)
+                    results["mixes"][mix][p.label]["server_fit"] = record
                 print(f"real {mix} {p.label}: {_cap(real[p.label])} req/s "
                       f"({peer_servers.describe_probes(search)})", flush=True)
         tables.append(table(mix, sim, real))
     if probe_lines:
         tables.append("\n".join([PROBE_HEAD, *probe_lines]))
+    if fit_lines:
+        tables.append("\n".join([FIT_HEAD, *fit_lines]))
     report = "\n\n".join(tables)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out_dir / "table.md").write_text(report + "\n")

@@ -125,3 +125,27 @@ def test_sim_at_real_puts_the_simulator_next_to_each_measured_probe(tmp_path):
     assert cells[1][:4] == ["long", "fcfs", "4", "9.50"] and cells[1][5] == "700"
     # Eight times the load: the simulated p95 TTFT grows (fcfs saturates).
     assert float(cells[1][4]) > float(cells[0][4])
+
+
+def test_the_server_fit_of_a_simulated_server_predicts_what_that_simulator_measured():
+    """A 'server' that is the simulator on a known cost model: its timeline's
+    fit gives that model back, so the search on it finds the same capacity."""
+    from paternoster.bench.slo_capacity import FIT_HEAD, server_fit_row
+    from paternoster.scheduling.cost_model import CostModel
+    from paternoster.simulate import simulate
+    from paternoster.simulate.gantt import to_timeline
+
+    true = CostModel(overhead=0.03, a_prefill=4e-4, a_decode=9e-4, a_kv=3e-6, a_kv_prefill=6e-7)
+    args = parse_args(["--probe-duration", "20", "--probe-requests", "10"])
+    plan = SearchPlan("rate", 0.5, 2.0, 1, 0.1)
+    policy = Policy("chunked_prefill 256", "chunked_prefill", max_num_batched_tokens=256)
+    measured = sim_capacity(policy, LONG_MIX, plan, Objectives(2.0, 0.2), args, true)
+    trace = sim_trace(LONG_MIX, 1.0, 40, 0, args.max_model_len)
+    snapshot = to_timeline(simulate(trace, "chunked_prefill", cost_model=true,
+                                    max_num_batched_tokens=256))
+    row, record = server_fit_row(policy, "long", LONG_MIX, {"capacity": measured.capacity},
+                                 snapshot, plan, Objectives(2.0, 0.2), args, None)
+    assert record["sim"]["capacity"] == measured.capacity is not None
+    assert record["cost_model"]["a_decode"] == pytest.approx(true.a_decode, rel=1e-6)
+    assert row.count("|") == FIT_HEAD.splitlines()[0].count("|")
+    assert f"| long | chunked_prefill 256 | {measured.capacity:g} | - | " in row
