@@ -14,6 +14,7 @@ import torch
 
 from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
+from paternoster.model import huge_pages
 from paternoster.model.attention import AttentionMetadata, AttentionOps, default_attention_ops
 from paternoster.model.gated_deltanet import state_shapes
 from paternoster.model.interface import ModelInput, ModelRunnerOutput
@@ -168,6 +169,7 @@ class ModelRunner:
                                     max_positions=self.max_model_len,
                                     batch_invariant=model_config.batch_invariant).to(self.device)
         self.model.set_kv_cache_layout(self.kv_layout)
+        huge_pages.place_weights(self.model)  # CPU: 2 MiB pages for the weight streams
         self.kv_caches = self._allocate_caches()
 
     def _allocate_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -255,6 +257,9 @@ class ModelRunner:
 
     def _empty_cache(self) -> torch.Tensor:
         shape = (self.num_kv_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        if self.device.type == "cpu" and huge_pages.enabled():  # zero-filled, 2 MiB pages
+            nbytes = math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
+            return huge_pages.huge_page_buffer(nbytes).view(self.dtype).view(shape)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def execute_model(

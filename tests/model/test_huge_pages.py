@@ -1,0 +1,95 @@
+"""Weights and KV caches on 2 MiB pages (paternoster.model.huge_pages): the
+same logits as on ordinary pages and as HF transformers' forward (a tiny GGUF
+Llama with weights kept quantized and a tied LM head, and a dense one), every
+weight inside the one mapping, tied weights still tied."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from paternoster.config import CacheConfig, ModelConfig
+from paternoster.kernels import QuantizedWeight
+from paternoster.model import huge_pages
+from paternoster.model.runner import ModelRunner
+
+from .conftest import BatchMaker, Chunk, hf_logits
+from .gguf_writer import write_llama_gguf
+from .test_gguf import _hf_llama, _reference
+
+
+def _thp_available() -> bool:
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return "[never]" not in mode
+
+
+TOKENS = torch.randint(3, 128, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+
+
+def _logits(path, dtype: str) -> tuple[torch.Tensor, ModelRunner]:
+    runner = ModelRunner(ModelConfig(model=str(path), dtype=dtype),
+                         CacheConfig(block_size=8, num_kv_blocks=64))
+    tokens = TOKENS
+    maker = BatchMaker(64, 8)
+    first = runner.compute_logits(maker.batch([Chunk("a", tokens, 0, 13)]))
+    second = runner.compute_logits(maker.batch([Chunk("a", tokens, 13, 17)]))
+    return torch.cat([first, second]), runner
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "bf16"])
+def test_moved_weights_give_the_same_logits_and_stay_tied(tmp_path, monkeypatch, fmt):
+    hf = _hf_llama(0, tied=True)
+    path = tmp_path / f"tiny-{fmt}.gguf"
+    weights = write_llama_gguf(hf, path, fmt if fmt != "bf16" else "f32")
+    dtype = "bfloat16" if fmt == "bf16" else "float32"
+    monkeypatch.setenv("PATERNOSTER_HUGE_PAGES", "0")
+    plain, _ = _logits(path, dtype)
+    monkeypatch.setenv("PATERNOSTER_HUGE_PAGES", "1")
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 1)  # the tiny model's matrices too
+    moved, runner = _logits(path, dtype)
+    assert torch.equal(plain, moved)  # same values, same kernels: the same bits
+    if dtype == "float32":  # against HF's forward on the file's dequantized weights
+        assert (moved - hf_logits(_reference(hf, weights), TOKENS)).abs().max() < 1e-4
+    model = runner.model
+    layer = model.layers[0]
+    qkv = layer.self_attn.qkv_weight
+    tensors = [t.data if isinstance(t, QuantizedWeight) else t
+               for t in (qkv, layer.mlp.down_weight, model.lm_head, model.embed_tokens)]
+    if fmt == "q4_1":
+        assert isinstance(qkv, QuantizedWeight)
+    ptrs = [t.data_ptr() for t in tensors]
+    lo, hi = min(ptrs), max(ptrs)
+    assert hi - lo < 1 << 30  # one mapping (torch's heap would scatter them)
+    assert model.lm_head is model.embed_tokens or ptrs[2] == ptrs[3]  # still tied
+    # the KV caches are on their own zero-filled huge-page mappings
+    k = runner.kv_caches[0][0]
+    assert k.is_contiguous() and k.dtype == runner.dtype
+
+
+def test_the_buffer_is_zeroed_aligned_and_backed_by_huge_pages():
+    buf = huge_pages.huge_page_buffer(8 << 20)
+    assert buf.numel() == 8 << 20 and buf.data_ptr() % (2 << 20) == 0
+    assert int(buf.sum()) == 0
+    before = huge_pages._anon_huge_bytes()
+    buf.fill_(1)
+    if _thp_available():
+        assert huge_pages._anon_huge_bytes() - before >= 4 << 20
+    with pytest.raises(ValueError, match="nbytes"):
+        huge_pages.huge_page_buffer(0)
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("PATERNOSTER_HUGE_PAGES", "0")
+    assert not huge_pages.enabled()
+    assert huge_pages.place_weights(torch.nn.Linear(1024, 1024)) is None
+    monkeypatch.setenv("PATERNOSTER_HUGE_PAGES", "1")
+    lin = torch.nn.Linear(1024, 1024)
+    w = lin.weight.detach().clone()
+    placed = huge_pages.place_weights(lin)
+    assert placed is not None and placed.num_tensors == 1 and torch.equal(lin.weight, w)
+    assert isinstance(lin.weight, torch.nn.Parameter)
