@@ -75,6 +75,9 @@ def test_the_buffer_is_zeroed_aligned_and_backed_by_huge_pages():
     buf = huge_pages.huge_page_buffer(8 << 20)
     assert buf.numel() == 8 << 20 and buf.data_ptr() % (2 << 20) == 0
     assert int(buf.sum()) == 0
+    z = huge_pages.zeros((1024, 8, 2, 64), torch.bfloat16)  # a KV cache's shape
+    assert z.shape == (1024, 8, 2, 64) and z.is_contiguous() and not z.any()
+    assert z.data_ptr() % (2 << 20) == 0
     before = huge_pages._anon_huge_bytes()
     buf.fill_(1)
     if _thp_available():
@@ -87,6 +90,8 @@ def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("PATERNOSTER_HUGE_PAGES", "0")
     assert not huge_pages.enabled()
     assert huge_pages.place_weights(torch.nn.Linear(1024, 1024)) is None
+    assert torch.equal(huge_pages.zeros((3, 4), torch.bfloat16), torch.zeros(3, 4,
+                                                                             dtype=torch.bfloat16))
     monkeypatch.setenv("PATERNOSTER_HUGE_PAGES", "1")
     lin = torch.nn.Linear(1024, 1024)
     w = lin.weight.detach().clone()

@@ -21,6 +21,7 @@ Same values, same layout (contiguous, as before): results are bit-identical.
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 from dataclasses import dataclass
@@ -65,6 +66,16 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor:
     whole = torch.frombuffer(mm, dtype=torch.uint8)  # holds a reference to mm
     start = (-whole.data_ptr()) % HUGE_PAGE
     return whole[start:start + nbytes]
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled contiguous CPU tensor on huge pages (:func:`huge_page_buffer`;
+    the kernel zero-fills pages on first touch, so memory is committed as it
+    is used), or ``torch.zeros`` when disabled (:func:`enabled`)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if not enabled() or nbytes < 1:
+        return torch.zeros(shape, dtype=dtype)
+    return huge_page_buffer(nbytes).view(dtype).view(shape)
 
 
 @dataclass(frozen=True)

@@ -257,9 +257,8 @@ class ModelRunner:
 
     def _empty_cache(self) -> torch.Tensor:
         shape = (self.num_kv_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        if self.device.type == "cpu" and huge_pages.enabled():  # zero-filled, 2 MiB pages
-            nbytes = math.prod(shape) * torch.empty((), dtype=self.dtype).element_size()
-            return huge_pages.huge_page_buffer(nbytes).view(self.dtype).view(shape)
+        if self.device.type == "cpu":
+            return huge_pages.zeros(shape, self.dtype)
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def execute_model(

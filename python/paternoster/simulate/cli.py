@@ -112,26 +112,26 @@ def _cost_model(args: argparse.Namespace, out: Path) -> CostModel:
         print(f"calibrating on {args.model or 'the default model'} ({args.dtype}, "
               f"{args.num_threads} thread(s)) ...")  # fmt: skip
         cal = calibrate(args.model, args.dtype, args.num_threads, args.block_size, log=print)
-        print(cal.report())
-        path = Path(args.cost_model) if args.cost_model else out / "cost_model.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cal.cost_model.save(path)
-        print(f"cost model written to {path}")
-        return cal.cost_model
+        return _saved(cal.report(), cal.cost_model, args, out)
     if args.fit_timeline:
         from paternoster.simulate.timeline_fit import fit_timeline, load_snapshot
 
         fit = fit_timeline(load_snapshot(args.fit_timeline),
                            source=f"fitted to the timeline of {args.fit_timeline}")
-        print(fit.report())
-        path = Path(args.cost_model) if args.cost_model else out / "cost_model.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fit.cost_model.save(path)
-        print(f"cost model written to {path}")
-        return fit.cost_model
+        return _saved(fit.report(), fit.cost_model, args, out)
     if args.cost_model:
         return CostModel.load(args.cost_model)
     return DEFAULT_COST_MODEL
+
+
+def _saved(report: str, model: CostModel, args: argparse.Namespace, out: Path) -> CostModel:
+    """Print ``report``, save ``model`` to ``--cost-model`` (else OUT/cost_model.json)."""
+    print(report)
+    path = Path(args.cost_model) if args.cost_model else out / "cost_model.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.save(path)
+    print(f"cost model written to {path}")
+    return model
 
 
 def run(args: argparse.Namespace) -> int:
