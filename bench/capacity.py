@@ -240,9 +240,10 @@ def find_capacity(
         result.probes.append(p)
         if on_probe is not None:
             on_probe(p)
-        if p.ok is None:
-            over_time = max_duration is not None and clock() - start >= max_duration
-            raise _Stop("max_duration" if over_time or max_requests is None else "max_requests")
+        if p.ok is None:  # cut short: by the budget it had used more of
+            time_frac = 0.0 if max_duration is None else (clock() - start) / max_duration
+            req_frac = 0.0 if max_requests is None else used / max_requests
+            raise _Stop("max_duration" if time_frac >= req_frac else "max_requests")
         return ok
 
     try:

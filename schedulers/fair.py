@@ -215,7 +215,11 @@ def _weight(value: object, name: str) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number >= 0, got {option_text(value)}")
-    if not math.isfinite(value) or value < 0:
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer past float's range
+        finite = False
+    if not finite or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {option_text(value)}")
     return float(value)
 

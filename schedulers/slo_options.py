@@ -37,7 +37,12 @@ def _seconds(value: Any, name: str) -> float:
     Raises:
         ValueError: anything else (naming ``name``).
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    try:
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) \
+            and 0 < float(value) < math.inf  # fmt: skip
+    except OverflowError:  # an integer past float's range
+        ok = False
+    if not ok:
         raise ValueError(f"{name} must be a number of seconds > 0, got {option_text(value)}")
     return float(value)
 

@@ -106,3 +106,17 @@ def test_plan_validation():
         SearchPlan("concurrency", start=1.5)
     with pytest.raises(ValueError, match="itl_p95"):
         Objectives(1.0, 0)
+
+
+def test_a_probe_cut_by_time_with_a_large_request_budget_says_max_duration():
+    """Both budgets set (as `bench capacity` always sets --max-requests): the one
+    nearly spent is the reason, not the one with thousands of requests left."""
+    now = [0.0]
+
+    def probe(load, time_left, req_left):
+        now[0] += min(10.0, time_left) - 0.5  # stops a little before the budget
+        return _summary(0.5), time_left < 10.0
+
+    res = find_capacity(SearchPlan(start=1), OBJ, probe, max_duration=35, max_requests=2000,
+                        clock=lambda: now[0])
+    assert res.probes[-1].ok is None and res.stopped == "max_duration"

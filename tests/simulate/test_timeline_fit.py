@@ -131,3 +131,20 @@ def test_the_cli_fits_a_saved_snapshot_and_saves_the_model(tmp_path, capsys):
     assert "fitted to" in capsys.readouterr().out
     assert main(["--fit-timeline", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
     assert "cannot read a timeline snapshot" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("snap", [
+    {"version": 1, "steps": [{}], "requests": []},
+    {"version": 1, "steps": [{"step": 1}], "requests": [{"x": 1}]},
+    {"version": 1, "steps": "abc", "requests": "def"},
+])
+def test_a_malformed_snapshot_is_a_value_error(snap):
+    with pytest.raises(ValueError, match="not a timeline snapshot"):
+        works_from_timeline(snap)
+
+
+def test_a_step_that_lasts_nan_seconds_is_refused():
+    _, snap = _snapshot()
+    snap["steps"][3]["end"] = float("nan")
+    with pytest.raises(ValueError, match="lasts nan s"):
+        fit_timeline(snap)

@@ -69,13 +69,16 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor:
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zero-filled contiguous CPU tensor on huge pages (:func:`huge_page_buffer`;
-    the kernel zero-fills pages on first touch, so memory is committed as it
-    is used), or ``torch.zeros`` when disabled (:func:`enabled`)."""
+    """A zero-filled contiguous CPU tensor on huge pages (:func:`huge_page_buffer`),
+    or ``torch.zeros`` when disabled (:func:`enabled`). Written once here, as
+    ``torch.zeros`` does, so the memory is committed now: a KV cache larger than
+    the machine fails at start, not under load hours later."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if not enabled() or nbytes < 1:
         return torch.zeros(shape, dtype=dtype)
-    return huge_page_buffer(nbytes).view(dtype).view(shape)
+    out = huge_page_buffer(nbytes).view(dtype).view(shape)
+    out.zero_()  # fault every page in (the mapping is lazily backed)
+    return out
 
 
 @dataclass(frozen=True)

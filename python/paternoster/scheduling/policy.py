@@ -31,15 +31,22 @@ def option_text(value: Any) -> str:
         return repr(value)
 
 
+#: The largest integer option: options travel to the engine in msgpack (int64).
+MAX_INT_OPTION = 2**63 - 1
+
+
 def require_int(options: Mapping[str, Any], name: str, minimum: int = 0) -> int:
-    """``options[name]`` when it is an integer >= ``minimum`` (``True`` is not).
+    """``options[name]`` when it is an integer in ``[minimum, 2**63 - 1]``
+    (``True`` is not).
 
     Raises:
-        ValueError: ``"<name> must be an integer >= <minimum>, got <value as JSON>"``.
+        ValueError: ``"<name> must be an integer in [<minimum>, 2**63 - 1], got <value as JSON>"``.
     """
     value = options[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {option_text(value)}")
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not minimum <= value <= MAX_INT_OPTION:  # fmt: skip
+        raise ValueError(f"{name} must be an integer in [{minimum}, 2**63 - 1], "
+                         f"got {option_text(value)}")
     return value
 
 

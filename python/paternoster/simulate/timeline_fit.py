@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,20 @@ def _computed_before(request: dict) -> dict[int, int] | None:
 
 
 def works_from_timeline(snapshot: dict) -> tuple[list[StepWork], list[float], int, list[float]]:
+    """Rebuild each step's work and time (:func:`_works`), a malformed
+    snapshot reported as such.
+
+    Raises:
+        ValueError: not a snapshot, a missing or mistyped field, or a step
+            time that is not a finite number.
+    """
+    try:
+        return _works(snapshot)
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise ValueError(f"not a timeline snapshot: {type(e).__name__}: {e}") from None
+
+
+def _works(snapshot: dict) -> tuple[list[StepWork], list[float], int, list[float]]:
     """Rebuild each step's work and time from a timeline snapshot.
 
     Args:
@@ -134,6 +149,8 @@ def works_from_timeline(snapshot: dict) -> tuple[list[StepWork], list[float], in
             gap = max(0.0, nxt["start"] - s["end"])
             gaps.append(gap)
             t += gap
+        if not math.isfinite(t):
+            raise ValueError(f"not a timeline snapshot: step {s['step']} lasts {t!r} s")
         if t <= 0:
             skipped += 1
             continue
@@ -144,7 +161,9 @@ def works_from_timeline(snapshot: dict) -> tuple[list[StepWork], list[float], in
 
 def load_snapshot(source: str) -> dict:
     """A timeline snapshot from a server's base URL (``http://...``: fetched
-    from ``GET /debug/timeline?format=snapshot``) or a JSON file.
+    from ``GET /debug/timeline?format=snapshot``: engine 0 of a data-parallel
+    server), a full ``/debug/timeline`` URL (``...?engine=1`` for another
+    engine) or a JSON file.
 
     Raises:
         ValueError: unreadable file, malformed JSON, or the server could not
@@ -153,6 +172,8 @@ def load_snapshot(source: str) -> dict:
     if source.startswith(("http://", "https://")):
         from paternoster.metrics.trace_cli import TraceFetchError, fetch_timeline
 
+        if "/debug/timeline" in source:  # a full URL (e.g. ?engine=1 of a DP server)
+            return _fetch_url(source)
         try:
             return fetch_timeline(source, timeout=120.0)
         except TraceFetchError as e:
@@ -161,6 +182,27 @@ def load_snapshot(source: str) -> dict:
         return json.loads(Path(source).read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read a timeline snapshot from {source}: {e}") from None
+
+
+def _fetch_url(url: str) -> dict:
+    """GET ``url`` (a ``/debug/timeline`` URL; ``format=snapshot`` added when
+    it names no format) as JSON.
+
+    Raises:
+        ValueError: the request failed or the answer is not JSON.
+    """
+    import urllib.error
+    import urllib.request
+
+    if "format=" not in url:
+        url += ("&" if "?" in url else "?") + "format=snapshot"
+    try:
+        with urllib.request.urlopen(url, timeout=120.0) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        raise ValueError(f"{url}: HTTP {e.code}: {e.read()[:300]!r}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise ValueError(f"cannot read a timeline snapshot from {url}: {e}") from None
 
 
 def fit_timeline(snapshot: dict, source: str = "", split_kv: bool = True) -> TimelineFit:
