@@ -73,8 +73,8 @@ class PairedRound:
 
 
 def paired_rounds(step: Callable[[], object], bytes_per_step: Callable[[], float],
-                  probe: BandwidthProbe, rounds: int = 15,
-                  steps_per_round: int = 5) -> list[PairedRound]:
+                  probe: BandwidthProbe, rounds: int = 15, steps_per_round: int = 5,
+                  settle_s: float = 0.05) -> list[PairedRound]:
     """Alternate ``steps_per_round`` calls of ``step`` with one bandwidth sample.
 
     Args:
@@ -83,6 +83,9 @@ def paired_rounds(step: Callable[[], object], bytes_per_step: Callable[[], float
         probe: the bandwidth buffers.
         rounds: rounds (>= 1).
         steps_per_round: timed steps per round (>= 1); the round keeps their median.
+        settle_s: pause before the bandwidth sample (s): threads that spin after
+            a step (the core's pool, OpenMP's wait policy) would otherwise
+            share the cores with the sample and lower it.
     Returns:
         One :class:`PairedRound` per round, in order.
     Raises:
@@ -99,6 +102,7 @@ def paired_rounds(step: Callable[[], object], bytes_per_step: Callable[[], float
             t = time.perf_counter()
             step()
             times.append(time.perf_counter() - t)
+        time.sleep(settle_s)  # let the step's spinning threads (core pool, OpenMP) go idle
         read, copy = probe.sample()
         out.append(PairedRound(statistics.median(times), read, copy, need))
     return out
