@@ -55,27 +55,17 @@ def memory_bandwidth(threads: int, size_mb: int = 512,
     Returns:
         (copy bytes/s counting reads and writes, read bytes/s).
     """
+    from paternoster.bench.memory_limit import BandwidthProbe
+
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        src = torch.ones(size_mb << 18, dtype=torch.float32)
-        dst = torch.empty_like(src)
-        nbytes = src.numel() * 4
-        copy = _best(lambda: dst.copy_(src), repeats)
-        read = _best(lambda: src.sum(), repeats)
-        return 2 * nbytes / copy, nbytes / read
+        probe = BandwidthProbe(size_mb)
+        probe.sample()  # warm-up
+        samples = [probe.sample() for _ in range(repeats)]
+        return max(c for _, c in samples), max(r for r, _ in samples)
     finally:
         torch.set_num_threads(old)
-
-
-def _best(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -148,3 +148,13 @@ def test_a_step_that_lasts_nan_seconds_is_refused():
     snap["steps"][3]["end"] = float("nan")
     with pytest.raises(ValueError, match="lasts nan s"):
         fit_timeline(snap)
+
+
+def test_a_full_timeline_url_names_its_engine():
+    from paternoster.simulate.timeline_fit import _base_and_engine
+
+    assert _base_and_engine("http://h:1") == ("http://h:1", 0)
+    assert _base_and_engine("http://h:1/debug/timeline?format=snapshot&engine=1") == \
+        ("http://h:1", 1)
+    with pytest.raises(ValueError, match="engine"):
+        _base_and_engine("http://h:1/debug/timeline?engine=x")

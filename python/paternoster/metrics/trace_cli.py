@@ -45,12 +45,13 @@ def add_trace_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=30.0, help="HTTP timeout (s)")
 
 
-def fetch_timeline(url: str, timeout: float = 30.0) -> dict:
+def fetch_timeline(url: str, timeout: float = 30.0, engine: int = 0) -> dict:
     """The timeline snapshot of the server at ``url``.
 
     Args:
         url: base URL, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is ignored).
         timeout: seconds for the HTTP request.
+        engine: which data-parallel engine's timeline (0: the first).
     Returns:
         The snapshot (schema in :mod:`paternoster.metrics.timeline`).
     Raises:
@@ -59,7 +60,7 @@ def fetch_timeline(url: str, timeout: float = 30.0) -> dict:
     """
     base = url.rstrip("/")
     base = base[: -len("/v1")] if base.endswith("/v1") else base
-    target = base + "/debug/timeline?format=snapshot"
+    target = base + "/debug/timeline?format=snapshot" + (f"&engine={engine}" if engine else "")
     try:
         with urllib.request.urlopen(target, timeout=timeout) as resp:
             body = resp.read()

@@ -172,10 +172,9 @@ def load_snapshot(source: str) -> dict:
     if source.startswith(("http://", "https://")):
         from paternoster.metrics.trace_cli import TraceFetchError, fetch_timeline
 
-        if "/debug/timeline" in source:  # a full URL (e.g. ?engine=1 of a DP server)
-            return _fetch_url(source)
+        base, engine = _base_and_engine(source)
         try:
-            return fetch_timeline(source, timeout=120.0)
+            return fetch_timeline(base, timeout=120.0, engine=engine)
         except TraceFetchError as e:
             raise ValueError(str(e)) from None
     try:
@@ -184,25 +183,23 @@ def load_snapshot(source: str) -> dict:
         raise ValueError(f"cannot read a timeline snapshot from {source}: {e}") from None
 
 
-def _fetch_url(url: str) -> dict:
-    """GET ``url`` (a ``/debug/timeline`` URL; ``format=snapshot`` added when
-    it names no format) as JSON.
+def _base_and_engine(url: str) -> tuple[str, int]:
+    """A server URL's base and ``engine`` query value: a full
+    ``.../debug/timeline?engine=1`` URL names another data-parallel engine.
 
     Raises:
-        ValueError: the request failed or the answer is not JSON.
+        ValueError: an ``engine`` that is not an integer.
     """
-    import urllib.error
-    import urllib.request
+    from urllib.parse import parse_qs, urlsplit
 
-    if "format=" not in url:
-        url += ("&" if "?" in url else "?") + "format=snapshot"
+    parts = urlsplit(url)
+    path = parts.path.split("/debug/timeline")[0]
+    values = parse_qs(parts.query).get("engine", ["0"])
     try:
-        with urllib.request.urlopen(url, timeout=120.0) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        raise ValueError(f"{url}: HTTP {e.code}: {e.read()[:300]!r}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise ValueError(f"cannot read a timeline snapshot from {url}: {e}") from None
+        engine = int(values[-1])
+    except ValueError:
+        raise ValueError(f"engine in {url} must be an integer, got {values[-1]!r}") from None
+    return f"{parts.scheme}://{parts.netloc}{path}", engine
 
 
 def fit_timeline(snapshot: dict, source: str = "", split_kv: bool = True) -> TimelineFit:
