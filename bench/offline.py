@@ -194,7 +194,22 @@ def bench_hf_cb(model, prompts, outs, args) -> tuple[float, int, dict]:
 # ---------------------------------------------------------------- decode phase
 
 
-def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
+def decode_llm(model_dir, batches: list[int], args):
+    """The :class:`paternoster.LLM` that :func:`bench_decode` measures: ``args``'
+    dtype, threads and batch-invariant mode, ``max(batches)`` sequences a step."""
+    from paternoster import LLM
+
+    return LLM(
+        str(model_dir),
+        dtype=args.dtype,
+        max_num_seqs=max(batches),
+        num_threads=args.threads,
+        max_model_len=MAX_MODEL_LEN,
+        batch_invariant=getattr(args, "batch_invariant", False),
+    )
+
+
+def bench_decode(model_dir, batches: list[int], args, llm=None, round_index: int = 0) -> list[dict]:
     """Paternoster's steady-state decode throughput at each batch size.
 
     For each ``B``: ``B`` requests of ``--decode-prompt-len`` random tokens are
@@ -202,6 +217,9 @@ def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
     prefill; then ``--decode-warmup`` decode steps are skipped and the next
     ``--decode-steps`` timed (each computes one token for all ``B``); the rest
     are aborted. One short request runs first, untimed (first-call costs).
+    ``llm``: an engine from :func:`decode_llm` to reuse (paired rounds); by
+    default one is built for this call. ``round_index`` > 0 draws other
+    prompts (a reused engine's prefix cache must not serve them).
 
     Returns:
         Per batch: ``batch``, ``tokens_per_s``, ``step_ms`` (median),
@@ -211,19 +229,12 @@ def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
     Raises:
         RuntimeError: the engine ran out of work before enough decode steps.
     """
-    from paternoster import LLM, SamplingParams
+    from paternoster import SamplingParams
     from paternoster.engine.messages import EngineCoreRequest
 
-    llm = LLM(
-        str(model_dir),
-        dtype=args.dtype,
-        max_num_seqs=max(batches),
-        num_threads=args.threads,
-        max_model_len=MAX_MODEL_LEN,
-        batch_invariant=getattr(args, "batch_invariant", False),
-    )
+    llm = decode_llm(model_dir, batches, args) if llm is None else llm
     engine = llm.engine
-    gen = random.Random(args.seed)
+    gen = random.Random(f"{args.seed}/{round_index}" if round_index else args.seed)
     vocab = len(llm.tokenizer)
     plen = args.decode_prompt_len
     params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN - plen, ignore_eos=True)
@@ -234,7 +245,7 @@ def bench_decode(model_dir, batches: list[int], args) -> list[dict]:
     for b in batches:
         counts: dict[str, int] = {}
         for i in range(b):
-            rid = f"decode-{b}-{i}"
+            rid = f"decode-{round_index}-{b}-{i}"
             prompt = [gen.randrange(3, vocab) for _ in range(plen)]
             engine.add_request(EngineCoreRequest(rid, prompt, params))
             counts[rid] = 0

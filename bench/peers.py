@@ -17,6 +17,8 @@ Q4_1 weights dequantized to bf16. See docs/benchmarks.md ("Peer: llama.cpp").
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,27 +43,40 @@ def _decode_args(args: argparse.Namespace) -> argparse.Namespace:
     )
 
 
-def ours_decode(model: str | Path, batches: list[int], args: argparse.Namespace) -> list[dict]:
+def ours_engine(model: str | Path, batches: list[int], args: argparse.Namespace):
+    """The engine :func:`ours_decode` measures (``decode_llm`` of bench/offline.py),
+    built once and reused by every round."""
+    import torch
+
+    from paternoster.bench.offline import decode_llm
+
+    torch.set_num_threads(args.threads)
+    return decode_llm(model, batches, _decode_args(args))
+
+
+def ours_decode(
+    model: str | Path, batches: list[int], args: argparse.Namespace, llm=None, round_index: int = 0
+) -> list[dict]:
     """Paternoster's decode and prefill tok/s per batch (``bench_decode`` of
-    bench/offline.py, in this process, bf16 activations)."""
+    bench/offline.py, in this process, bf16 activations), on ``llm`` when given."""
     import torch
 
     from paternoster.bench.offline import bench_decode
 
     torch.set_num_threads(args.threads)
-    return bench_decode(model, batches, _decode_args(args))
+    return bench_decode(model, batches, _decode_args(args), llm=llm, round_index=round_index)
 
 
-def ours_decode_quantized(gguf: Path, batches: list[int], args: argparse.Namespace):
-    """The hook for quantized weights: ``bench_decode`` on the GGUF file itself
+def ours_quantized_engine(gguf: Path, batches: list[int], args: argparse.Namespace):
+    """The hook for quantized weights: the engine on the GGUF file itself
     (``LLM(<path>.gguf)``).
 
     Returns:
-        Its rows, or ``None`` when Paternoster cannot load it (not supported yet);
-        the error is printed.
+        The engine, or ``None`` when Paternoster cannot load it (not supported
+        yet); the error is printed.
     """
     try:
-        return ours_decode(gguf, batches, args)
+        return ours_engine(gguf, batches, args)
     except Exception as e:  # any refusal to load it means "not supported yet"
         print(f"Paternoster on {gguf.name}: {type(e).__name__}: {e}".splitlines()[0])
         return None
@@ -75,13 +90,23 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}×" if ours and theirs else "-"
 
 
+def _spread(values: list[float]) -> str:
+    """``median× (min–max)`` of per-round ratios; one round: just ``x×``."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}×"
+    return f"{statistics.median(values):.2f}× ({min(values):.2f}–{max(values):.2f})"
+
+
 def decode_table(results: dict[str, dict]) -> str:
     """The markdown decode table: per weight format and batch, llama.cpp's and our
     decode and prefill tok/s and the ratios (ours / llama.cpp).
 
     ``results[kind]`` holds ``llama`` (batch -> :class:`llamacpp.BatchedBenchRow`)
     and ``ours`` (batch -> ``bench_decode`` row), or ``ours_note`` (a string
-    shown instead of our figures).
+    shown instead of our figures); from paired rounds (:func:`combine_rounds`)
+    also ``ratios`` (batch -> ``{"decode": [...], "prefill": [...]}``, one ratio
+    a round), shown as their median and range instead of the ratio of the
+    medians.
     """
     lines = [
         "| weights | batch | llama.cpp decode tok/s | Paternoster decode tok/s | ratio "
@@ -96,46 +121,109 @@ def decode_table(results: dict[str, dict]) -> str:
             pre = our.get("prefill_tokens_per_s") if our else None
             our_dec = note if note and our is None else _fmt(dec)
             our_pre = note if note and our is None else _fmt(pre)
+            ratios = res.get("ratios", {}).get(b)
+            dec_ratio = _spread(ratios["decode"]) if ratios else _ratio(dec, row.s_tg)
+            pre_ratio = _spread(ratios["prefill"]) if ratios else _ratio(pre, row.s_pp)
             lines.append(
-                f"| {kind.upper()} | {b} | {row.s_tg:.1f} | {our_dec} | {_ratio(dec, row.s_tg)} "
-                f"| {row.s_pp:.1f} | {our_pre} | {_ratio(pre, row.s_pp)} |"
+                f"| {kind.upper()} | {b} | {row.s_tg:.1f} | {our_dec} | {dec_ratio} "
+                f"| {row.s_pp:.1f} | {our_pre} | {pre_ratio} |"
             )
     return "\n".join(lines)
 
 
+def combine_rounds(rounds: list[dict[str, dict]]) -> dict[str, dict]:
+    """Paired rounds (each :func:`decode_table`'s ``results`` of one round:
+    llama.cpp, then Paternoster, on the same machine minutes apart) -> one
+    ``results``: each engine's median tok/s per batch and, under ``ratios``,
+    every round's own ratio, so a VM whose speed drifts between rounds moves
+    both engines of a pair alike. A format where Paternoster has no figures
+    keeps its ``ours_note``.
+
+    Raises:
+        ValueError: no rounds, or rounds with different formats or batches.
+    """
+    if not rounds:
+        raise ValueError("rounds must not be empty")
+    out: dict[str, dict] = {}
+    for kind, first in rounds[0].items():
+        per = [r.get(kind) for r in rounds]
+        if any(p is None or p["llama"].keys() != first["llama"].keys() for p in per):
+            raise ValueError(f"rounds differ in formats or batches ({kind})")
+        llama, ours, ratios = {}, {}, {}
+        for b, row in first["llama"].items():
+            tg = [p["llama"][b].s_tg for p in per]
+            pp = [p["llama"][b].s_pp for p in per]
+            llama[b] = dataclasses.replace(
+                row, s_tg=statistics.median(tg), s_pp=statistics.median(pp)
+            )
+            mine = [p.get("ours", {}).get(b) for p in per]
+            if any(m is None for m in mine):
+                continue
+            dec = [m["tokens_per_s"] for m in mine]
+            pre = [m["prefill_tokens_per_s"] for m in mine]
+            ours[b] = {"batch": b, "tokens_per_s": statistics.median(dec),
+                       "prefill_tokens_per_s": statistics.median(pre)}  # fmt: skip
+            ratios[b] = {"decode": [d / t for d, t in zip(dec, tg)],
+                         "prefill": [d / t for d, t in zip(pre, pp)]}  # fmt: skip
+        out[kind] = {"llama": llama}
+        if ours:
+            out[kind].update(ours=ours, ratios=ratios)
+        if "ours_note" in first:
+            out[kind]["ours_note"] = first["ours_note"]
+    return out
+
+
 def cmd_decode(args: argparse.Namespace) -> str:
-    """Measure llama.cpp (``llama-batched-bench``) and Paternoster at every batch;
-    print and return the table."""
+    """Measure llama.cpp (``llama-batched-bench``) and Paternoster at every batch,
+    ``--rounds`` times alternately (one engine of ours per format, reused);
+    print and return the table (medians and per-round ratios when rounds > 1)."""
     from paternoster.model.default_model import default_model_dir
 
     batches = args.batches
     gen_len = args.decode_warmup + args.decode_steps
-    results: dict[str, dict] = {}
     for kind in args.weights:
         gguf = llamacpp.model_path(kind)
         if not gguf.is_file():
             raise FileNotFoundError(f"{gguf} is missing: run `python bench/peers.py convert` first")
-        rows = llamacpp.batched_bench(gguf, batches, args.prompt_len, gen_len, args.threads)
-        results[kind] = {"llama": {r.b: r for r in rows}}
-        for r in rows:
-            print(f"llama.cpp {kind} batch {r.b}: decode {r.s_tg:.1f}, prefill {r.s_pp:.1f} tok/s")
+    engines: dict[str, tuple[Path, object]] = {}
+    notes: dict[str, str] = {}
     for kind in args.weights:
         if kind == "bf16":
-            ours = ours_decode(default_model_dir(), batches, args)
-        elif args.ours_quantized:
-            ours = ours_decode_quantized(llamacpp.model_path(kind), batches, args)
-            if ours is None:
-                results[kind]["ours_note"] = "n/a (not supported yet)"
-                continue
+            engines[kind] = (default_model_dir(), ours_engine(default_model_dir(), batches, args))
+        elif not args.ours_quantized:
+            notes[kind] = "not run (--ours-quantized)"
+        elif (llm := ours_quantized_engine(llamacpp.model_path(kind), batches, args)) is None:
+            notes[kind] = "n/a (not supported yet)"
         else:
-            results[kind]["ours_note"] = "not run (--ours-quantized)"
-            continue
-        results[kind]["ours"] = {r["batch"]: r for r in ours}
-    table = decode_table(results)
+            engines[kind] = (llamacpp.model_path(kind), llm)
+    rounds = []
+    for r in range(args.rounds):
+        results: dict[str, dict] = {}
+        for kind in args.weights:
+            rows = llamacpp.batched_bench(
+                llamacpp.model_path(kind), batches, args.prompt_len, gen_len, args.threads
+            )
+            results[kind] = {"llama": {row.b: row for row in rows}}
+            for row in rows:
+                print(f"round {r + 1}: llama.cpp {kind} batch {row.b}: "
+                      f"decode {row.s_tg:.1f}, prefill {row.s_pp:.1f} tok/s")  # fmt: skip
+            if kind in notes:
+                results[kind]["ours_note"] = notes[kind]
+                continue
+            model, llm = engines[kind]
+            ours = ours_decode(model, batches, args, llm=llm, round_index=r)
+            results[kind]["ours"] = {row["batch"]: row for row in ours}
+        rounds.append(results)
+    table = decode_table(combine_rounds(rounds))
+    paired = (
+        f"; {args.rounds} paired rounds (llama.cpp then Paternoster, per format): "
+        "median tok/s, ratio = median of the rounds' ratios (range)"
+        if args.rounds > 1 else ""
+    )  # fmt: skip
     print(
         f"\ndecode: {args.prompt_len}-token prompts, {gen_len} generated tokens per sequence "
         f"(Paternoster: {args.decode_steps} steps timed after {args.decode_warmup}), "
-        f"{args.threads} thread(s)\n{table}"
+        f"{args.threads} thread(s){paired}\n{table}"
     )
     return table
 
@@ -206,6 +294,13 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _kinds(text: str) -> list[str]:
     kinds = [k.strip().lower() for k in text.split(",") if k.strip()]
     bad = sorted(set(kinds) - set(KINDS))
@@ -224,6 +319,8 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-warmup", type=int, default=2, help="ours: steps not timed")
     g.add_argument("--decode-steps", type=int, default=16, help="ours: steps timed")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--rounds", type=_positive, default=1,
+                   help="alternate the engines this many times (median, ratio range)")  # fmt: skip
     g.add_argument(
         "--ours-quantized",
         action="store_true",

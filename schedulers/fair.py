@@ -237,7 +237,7 @@ def _tenant_weights(value: object) -> dict[str, float]:
     for tenant, w in value.items():
         if not isinstance(tenant, str) or not tenant:
             raise ValueError(f"tenant_weights keys must be tenant names, got {option_text(tenant)}")
-        name = f"tenant_weights[{tenant!r}]"
+        name = f"tenant_weights[{option_text(tenant)}]"  # the JSON path
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
             raise ValueError(f"{name} must be a finite number > 0, got {option_text(w)}")
         out[tenant] = float(w)

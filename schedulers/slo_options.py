@@ -154,17 +154,17 @@ def _parse_classes(classes: Any, default: Targets) -> dict[int, Targets]:
         if isinstance(key, bool) or (isinstance(key, float) and key != prio):
             raise ValueError(f"classes keys must be integer priorities, got {option_text(key)}")
         if prio in out:
-            raise ValueError(f"classes gives priority {prio} twice (key {key!r})")
+            raise ValueError(f"classes gives priority {prio} twice (key {option_text(key)})")
+        at = f"classes[{option_text(key)}]"  # the JSON path, e.g. classes["1"]
         if not isinstance(entry, Mapping):
-            raise ValueError(f"classes[{key!r}] must be an object with ttft_s and/or itl_s")
+            raise ValueError(f"{at} must be an object with ttft_s and/or itl_s")
         unknown = set(entry) - {"ttft_s", "itl_s"}
         if unknown:
-            raise ValueError(f"classes[{key!r}]: unknown keys {sorted(unknown)}; "
+            raise ValueError(f"{at}: unknown keys {sorted(unknown)}; "
                              "accepted: ['itl_s', 'ttft_s']")  # fmt: skip
         ttft = entry.get("ttft_s", default.ttft_s)
         itl = entry.get("itl_s", default.itl_s)
-        out[prio] = Targets(_seconds(ttft, f"classes[{key!r}].ttft_s"),
-                            _seconds(itl, f"classes[{key!r}].itl_s"))  # fmt: skip
+        out[prio] = Targets(_seconds(ttft, f"{at}.ttft_s"), _seconds(itl, f"{at}.itl_s"))
     return out
 
 

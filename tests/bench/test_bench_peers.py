@@ -7,7 +7,7 @@ import pytest
 
 from paternoster.bench.llamacpp import BatchedBenchRow, parse_batched_bench
 from paternoster.bench.peer_servers import describe_probes
-from paternoster.bench.peers import capacity_table, decode_table
+from paternoster.bench.peers import capacity_table, combine_rounds, decode_table
 
 # The end of a real run on the 2-core AMD EPYC VM (llama.cpp of llama-cpp-python 0.3.36,
 # 2026-12-02), log lines and all: llama-batched-bench -m SmolLM2-135M-Instruct.BF16.gguf
@@ -69,6 +69,45 @@ def test_decode_table_ratios_and_notes():
     assert lines[3] == (
         "| Q8_0 | 1 | 40.0 | n/a (not supported yet) | - | 500.0 | n/a (not supported yet) | - |"
     )
+
+
+def _round(tg: float, pp: float, ours_tg: float, ours_pp: float) -> dict:
+    return {
+        "bf16": {
+            "llama": {1: _row(1, pp, tg)},
+            "ours": {1: {"batch": 1, "tokens_per_s": ours_tg, "prefill_tokens_per_s": ours_pp}},
+        },
+        "q8_0": {"llama": {1: _row(1, 2 * pp, 2 * tg)}, "ours_note": "not run (--ours-quantized)"},
+    }
+
+
+def test_combine_rounds_pairs_each_round():
+    # The VM halves its speed in round 2: both engines slow alike, so each
+    # round's own ratio is 1.5 while the medians' ratio would not be.
+    rounds = [_round(100.0, 400.0, 150.0, 200.0), _round(50.0, 200.0, 75.0, 100.0),
+              _round(80.0, 300.0, 100.0, 330.0)]  # fmt: skip
+    combined = combine_rounds(rounds)
+    bf16 = combined["bf16"]
+    assert bf16["llama"][1].s_tg == 80.0 and bf16["llama"][1].s_pp == 300.0
+    assert bf16["ours"][1]["tokens_per_s"] == 100.0
+    assert bf16["ratios"][1]["decode"] == pytest.approx([1.5, 1.5, 1.25])
+    assert bf16["ratios"][1]["prefill"] == pytest.approx([0.5, 0.5, 1.1])
+    assert combined["q8_0"] == {"llama": {1: _row(1, 600.0, 160.0)},
+                                "ours_note": "not run (--ours-quantized)"}  # fmt: skip
+    lines = decode_table(combined).splitlines()
+    assert lines[2] == (
+        "| BF16 | 1 | 80.0 | 100.0 | 1.50× (1.25–1.50) | 300.0 | 200.0 | 0.50× (0.50–1.10) |"
+    )
+    assert lines[3].startswith("| Q8_0 | 1 | 160.0 | not run (--ours-quantized) | - |")
+
+
+def test_combine_rounds_errors():
+    with pytest.raises(ValueError, match="rounds must not be empty"):
+        combine_rounds([])
+    other = _round(1.0, 1.0, 1.0, 1.0)
+    other["bf16"]["llama"] = {8: _row(8, 1.0, 1.0)}
+    with pytest.raises(ValueError, match="differ"):
+        combine_rounds([_round(1.0, 1.0, 1.0, 1.0), other])
 
 
 def test_capacity_table():

@@ -208,8 +208,8 @@ def test_decodes_run_first_then_prompt_chunks_by_counter():
     ({"output_token_weight": float("inf")}, "output_token_weight must be a finite"),
     ({"input_token_weight": 0, "output_token_weight": 0}, "must not both be 0"),
     ({"tenant_weights": [1]}, "tenant_weights must be a map"),
-    ({"tenant_weights": {"a": 0}}, r"tenant_weights\['a'\] must be a finite number > 0"),
-    ({"tenant_weights": {"a": "2"}}, r"tenant_weights\['a'\] must be a finite number > 0"),
+    ({"tenant_weights": {"a": 0}}, r'tenant_weights\["a"\] must be a finite number > 0'),
+    ({"tenant_weights": {"a": "2"}}, r'tenant_weights\["a"\] must be a finite number > 0'),
     ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
     ({"w_q": 2}, "unknown scheduler_config keys for 'fair'"),
 ])  # fmt: skip

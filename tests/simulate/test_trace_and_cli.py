@@ -64,3 +64,29 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     assert "--trace PATH or --mix" in capsys.readouterr().err
     assert main(["--mix", "--scheduler", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown scheduler" in capsys.readouterr().err
+
+
+def test_cli_compare_names_the_policy_that_refuses_its_options(tmp_path, capsys):
+    rc = main(["--mix", "--num-requests", "4", "--compare", "fcfs,slo", "--unit-cost",
+               "--no-plot", "--scheduler-config", '{"slo": {"margin": 5}}',
+               "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 2
+    assert "error: policy slo: margin must be" in capsys.readouterr().err
+
+
+def test_cli_empty_fit_timeline_is_named(tmp_path, capsys):
+    assert main(["--mix", "--fit-timeline", "", "--out", str(tmp_path)]) == 2
+    assert "--fit-timeline needs a server URL or a snapshot file" in capsys.readouterr().err
+
+
+def test_cli_unwritable_cost_model_path_is_an_input_error(tmp_path):
+    import argparse
+
+    from paternoster.scheduling.cost_model import CostModel
+    from paternoster.simulate.cli import _saved
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    args = argparse.Namespace(cost_model=str(blocker / "cost_model.json"))
+    with pytest.raises(ValueError, match="cannot write the cost model to .*a_file"):
+        _saved("report", CostModel.unit(), args, tmp_path)

@@ -113,7 +113,7 @@ def _cost_model(args: argparse.Namespace, out: Path) -> CostModel:
               f"{args.num_threads} thread(s)) ...")  # fmt: skip
         cal = calibrate(args.model, args.dtype, args.num_threads, args.block_size, log=print)
         return _saved(cal.report(), cal.cost_model, args, out)
-    if args.fit_timeline:
+    if args.fit_timeline is not None:
         from paternoster.simulate.timeline_fit import fit_timeline, load_snapshot
 
         fit = fit_timeline(load_snapshot(args.fit_timeline),
@@ -128,8 +128,11 @@ def _saved(report: str, model: CostModel, args: argparse.Namespace, out: Path) -
     """Print ``report``, save ``model`` to ``--cost-model`` (else OUT/cost_model.json)."""
     print(report)
     path = Path(args.cost_model) if args.cost_model else out / "cost_model.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model.save(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        model.save(path)
+    except OSError as e:
+        raise ValueError(f"cannot write the cost model to {path}: {e.strerror or e}") from None
     print(f"cost model written to {path}")
     return model
 
@@ -145,16 +148,16 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     try:
-        if args.unit_cost and (args.calibrate or args.cost_model or args.fit_timeline):
+        if args.unit_cost and (args.calibrate or args.cost_model or args.fit_timeline is not None):
             raise ValueError("--unit-cost excludes --calibrate, --fit-timeline and --cost-model")
-        if args.calibrate and args.fit_timeline:
+        if args.calibrate and args.fit_timeline is not None:
             raise ValueError("--calibrate and --fit-timeline both make the cost model: "
                              "give one")
         names = [n.strip() for n in (args.compare or args.scheduler).split(",") if n.strip()]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"--compare needs distinct policy names, got {args.compare!r}")
         configs = _policy_configs(names, args.scheduler_config, bool(args.compare))
-        if args.trace is None and not args.mix and not args.calibrate and not args.fit_timeline:
+        if args.trace is None and not args.mix and not args.calibrate and args.fit_timeline is None:
             raise ValueError("give --trace PATH or --mix (or --calibrate / --fit-timeline)")
         out.mkdir(parents=True, exist_ok=True)
         cost_model = _cost_model(args, out)
@@ -167,13 +170,16 @@ def run(args: argparse.Namespace) -> int:
         save_trace(trace, out / "trace.jsonl")
         results: list[SimulationResult] = []
         for name in names:
-            res = simulate(
-                trace, name, configs[name], cost_model,
-                num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-                max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                max_model_len=args.max_model_len,
-            )  # fmt: skip
+            try:
+                res = simulate(
+                    trace, name, configs[name], cost_model,
+                    num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+                    max_num_seqs=args.max_num_seqs,
+                    max_num_batched_tokens=args.max_num_batched_tokens,
+                    max_model_len=args.max_model_len,
+                )  # fmt: skip
+            except (ValueError, RuntimeError) as e:
+                raise type(e)(f"policy {name}: {e}") from None
             res.save_json(out / f"{name}.json")
             if not args.no_plot:
                 from paternoster.simulate.gantt import plot_gantt

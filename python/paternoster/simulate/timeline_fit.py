@@ -167,8 +167,11 @@ def load_snapshot(source: str) -> dict:
 
     Raises:
         ValueError: unreadable file, malformed JSON, or the server could not
-            give one (the reason included, e.g. timelines are off).
+            give one (the reason included, e.g. timelines are off), or an
+            empty ``source``.
     """
+    if not source.strip():
+        raise ValueError("--fit-timeline needs a server URL or a snapshot file, got ''")
     if source.startswith(("http://", "https://")):
         from paternoster.metrics.trace_cli import TraceFetchError, fetch_timeline
 
