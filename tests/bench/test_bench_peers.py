@@ -126,3 +126,20 @@ def test_capacity_table():
     searches["Paternoster"]["capacity"] = None
     assert "| Paternoster | none |" in capacity_table(searches)
     assert capacity_table(searches).endswith("-")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "0"], "must be >= 1, got 0"),
+    (["--rounds", "abc"], "must be an integer >= 1, got 'abc'"),
+    (["--batches", "1,0"], "must be >= 1, got 0"),
+    (["--batches", ""], "needs at least one integer"),
+    (["--weights", ""], "needs at least one format"),
+    (["--weights", "fp8"], "unknown weights fp8"),
+    (["--threads", "0"], "must be >= 1"),
+])  # fmt: skip
+def test_decode_arguments_are_checked_when_parsed(argv, message, capsys):
+    from paternoster.bench.peers import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["decode", *argv])
+    assert message in capsys.readouterr().err

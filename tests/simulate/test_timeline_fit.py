@@ -7,6 +7,8 @@ rows) must give that model back.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from paternoster.scheduling.cost_model import CostModel, StepWork
@@ -37,7 +39,20 @@ def test_the_simulators_steps_are_rebuilt_exactly_and_its_model_recovered():
     for name in ("overhead", "a_prefill", "a_decode", "a_kv", "a_kv_prefill"):
         assert getattr(fit.cost_model, name) == pytest.approx(getattr(TRUE, name), rel=1e-6)
     assert fit.r2 == pytest.approx(1.0) and fit.cost_model.step_noise < 1e-6
-    assert "fitted to" in fit.report()
+    assert fit.max_prefill_tokens == max(step.prefill_tokens for step in res.steps) == 256
+    assert "fitted to" in fit.report() and "warning" not in fit.report()
+
+
+def test_steps_that_cannot_pin_the_prefill_cost_are_flagged():
+    # Short prompts only (<= 16 tokens a step): the report must not present
+    # the fit as good for the mix's 1000-token prompts.
+    trace = [dataclasses.replace(r, prompt_len=min(r.prompt_len, 16))
+             for r in synthetic_mix(40, rate=2.0, seed=5, max_model_len=2048)]
+    res = simulate(trace, "fcfs", cost_model=TRUE, max_num_batched_tokens=256,
+                   max_model_len=2048, max_num_seqs=1)
+    fit = fit_timeline(to_timeline(res))
+    assert fit.max_prefill_tokens <= 16
+    assert "warning: no step had more than" in fit.report()
 
 
 def test_a_prefix_cache_hit_and_the_loop_gap_are_accounted_for():

@@ -90,3 +90,10 @@ def test_cli_unwritable_cost_model_path_is_an_input_error(tmp_path):
     args = argparse.Namespace(cost_model=str(blocker / "cost_model.json"))
     with pytest.raises(ValueError, match="cannot write the cost model to .*a_file"):
         _saved("report", CostModel.unit(), args, tmp_path)
+
+
+def test_cli_out_that_is_a_file_is_an_input_error(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["--mix", "--unit-cost", "--no-plot", "--out", str(blocker)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err

@@ -12,6 +12,7 @@ and a Gantt chart (``NAME.png``), and the tables (``summary.md``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -124,6 +125,22 @@ def _cost_model(args: argparse.Namespace, out: Path) -> CostModel:
     return DEFAULT_COST_MODEL
 
 
+def _writable_dir(path: Path, what: str) -> None:
+    """Create ``path`` (a folder) if needed, before any long work.
+
+    Raises:
+        ValueError: it cannot be created or written (e.g. a file is in the way).
+    """
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {path} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be created: {e.strerror or e}") from None
+    if not path.is_dir() or not os.access(path, os.W_OK):
+        raise ValueError(f"{what} {path} is not a writable folder")
+
+
 def _saved(report: str, model: CostModel, args: argparse.Namespace, out: Path) -> CostModel:
     """Print ``report``, save ``model`` to ``--cost-model`` (else OUT/cost_model.json)."""
     print(report)
@@ -159,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
         configs = _policy_configs(names, args.scheduler_config, bool(args.compare))
         if args.trace is None and not args.mix and not args.calibrate and args.fit_timeline is None:
             raise ValueError("give --trace PATH or --mix (or --calibrate / --fit-timeline)")
-        out.mkdir(parents=True, exist_ok=True)
+        _writable_dir(out, "--out")
+        if args.cost_model and (args.calibrate or args.fit_timeline is not None):
+            _writable_dir(Path(args.cost_model).parent, "--cost-model's folder")
         cost_model = _cost_model(args, out)
         if args.trace is None and not args.mix:
             return 0

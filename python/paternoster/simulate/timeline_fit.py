@@ -49,6 +49,8 @@ class TimelineFit:
         r2: coefficient of determination of the fit on the step times.
         num_steps: steps used. num_skipped: steps left out (module docstring).
         median_gap_s: median loop gap added to the steps that had one (s).
+        max_prefill_tokens: the most prefill tokens of one step used (tokens):
+            steps beyond it are extrapolations.
     """
 
     cost_model: CostModel
@@ -56,16 +58,29 @@ class TimelineFit:
     num_steps: int
     num_skipped: int
     median_gap_s: float
+    max_prefill_tokens: int = 0
 
     def report(self) -> str:
-        """One paragraph: the coefficients, R^2, noise and the steps used."""
+        """One paragraph: the coefficients, R^2, noise and the steps used, and
+        a warning when the steps cannot pin the prefill or decode costs (a
+        coefficient fitted as 0, or no step with 64 prefill tokens)."""
         m = self.cost_model
         kv_prefill = m.a_kv_prefill if m.a_kv_prefill is not None else m.a_kv
-        return (f"fitted to {self.num_steps} server steps ({self.num_skipped} left out): "
+        text = (f"fitted to {self.num_steps} server steps ({self.num_skipped} left out): "
                 f"overhead {m.overhead * 1e3:.2f} ms, prefill {m.a_prefill * 1e6:.1f} us/token, "
                 f"decode {m.a_decode * 1e6:.1f} us/token, decode KV {m.a_kv * 1e6:.3f} us/key, "
                 f"prefill KV {kv_prefill * 1e6:.4f} us/key; R^2 {self.r2:.3f}, step noise "
-                f"{m.step_noise:.3f}; median loop gap {self.median_gap_s * 1e3:.2f} ms")
+                f"{m.step_noise:.3f}; median loop gap {self.median_gap_s * 1e3:.2f} ms; "
+                f"steps of up to {self.max_prefill_tokens} prefill tokens")
+        costs = (("prefill", m.a_prefill), ("decode", m.a_decode))
+        unpinned = [name for name, v in costs if v <= 0]
+        if unpinned or self.max_prefill_tokens < 64:
+            why = (f"the {' and '.join(unpinned)} cost per token fitted as 0" if unpinned
+                   else f"no step had more than {self.max_prefill_tokens} prefill tokens")
+            text += (f"\nwarning: {why}: these steps do not pin the cost model, and predictions "
+                     "for longer prompts are extrapolations; record a timeline under the "
+                     "load you want to simulate")
+        return text
 
 
 def _computed_before(request: dict) -> dict[int, int] | None:
@@ -171,7 +186,7 @@ def load_snapshot(source: str) -> dict:
             empty ``source``.
     """
     if not source.strip():
-        raise ValueError("--fit-timeline needs a server URL or a snapshot file, got ''")
+        raise ValueError(f"--fit-timeline needs a server URL or a snapshot file, got {source!r}")
     if source.startswith(("http://", "https://")):
         from paternoster.metrics.trace_cli import TraceFetchError, fetch_timeline
 
@@ -227,4 +242,5 @@ def fit_timeline(snapshot: dict, source: str = "", split_kv: bool = True) -> Tim
     ok = pred > 0
     noise = float(np.std(np.log(y[ok] / pred[ok]))) if ok.any() else 0.0
     model = dataclasses.replace(model, step_noise=noise)
-    return TimelineFit(model, r2, len(works), skipped, float(np.median(gaps)) if gaps else 0.0)
+    return TimelineFit(model, r2, len(works), skipped, float(np.median(gaps)) if gaps else 0.0,
+                       max(w.prefill_tokens for w in works))
