@@ -233,7 +233,8 @@ def cmd_decode(args: argparse.Namespace) -> str:
 
 def capacity_plan(args: argparse.Namespace) -> peer_servers.CapacityPlan:
     """The search settings from the command line (the same for both servers)."""
-    return peer_servers.plan_from_args(args)
+    return peer_servers.plan_from_args(args, slo_ttft_p95=args.slo_ttft_p95,
+                                       slo_itl_p95=args.slo_itl_p95)  # fmt: skip
 
 
 def capacity_table(searches: dict[str, dict]) -> str:
@@ -343,6 +344,11 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 def _add_capacity_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("capacity")
     peer_servers.add_plan_args(g)
+    plan = peer_servers.CapacityPlan()
+    g.add_argument("--slo-ttft-p95", type=float, default=plan.slo_ttft_p95, metavar="S",
+                   help=f"p95 TTFT objective (default {plan.slo_ttft_p95:g})")  # fmt: skip
+    g.add_argument("--slo-itl-p95", type=float, default=plan.slo_itl_p95, metavar="S",
+                   help=f"p95 ITL objective (default {plan.slo_itl_p95:g})")  # fmt: skip
     g.add_argument("--slots", type=int, default=16, help="llama-server -np")
     g.add_argument("--slot-ctx", type=int, default=2048, help="context per slot (tokens)")
     g.add_argument("--llama-threads", type=int, default=2, help="llama-server -t/-tb")
