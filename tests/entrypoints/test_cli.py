@@ -69,8 +69,8 @@ def test_scheduler_config_is_a_json_object_inline_or_in_a_file(tmp_path):
     ("fair", {"input_token_weight": 10**400}, "input_token_weight must be a finite number"),
     ("slo", {"load_shedding": None}, "load_shedding must be true or false, got null$"),
     ("fair", {"input_token_weight": 0, "output_token_weight": 0}, "must not both be 0"),
-    ("fair", {"tenant_weights": {"a": -1}}, r"tenant_weights\['a'\] must be a finite number > 0"),
-    ("fair", {"tenant_weights": {"a": 0}}, r"tenant_weights\['a'\] must be a finite number > 0"),
+    ("fair", {"tenant_weights": {"a": -1}}, r'tenant_weights\["a"\] must be a finite number > 0'),
+    ("fair", {"tenant_weights": {"a": 0}}, r'tenant_weights\["a"\] must be a finite number > 0'),
     ("slo", {"classes": {"1": {"ttft_s": 1}, "01": {"ttft_s": 2}}}, "priority 1 twice"),
     ("fair", {"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
 ])  # fmt: skip
