@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 
 import pytest
 
@@ -32,10 +33,14 @@ def test_streams_are_timed_and_tokens_come_from_usage(api):
     for r in res.records:
         assert r.output_tokens_source == "usage" and r.num_chunks == 4 and len(r.itl) == 3
         assert 0.05 <= r.ttft < 0.5
-        assert all(0.015 <= g < 0.3 for g in r.itl)
+        # Each gap is one chunk's arrival after the previous one: a chunk the
+        # client's loop reads late lengthens one gap and shortens the next,
+        # so single gaps only bound loosely; their median is the stub's 20 ms.
+        assert all(0.0 <= g < 1.0 for g in r.itl)
         assert r.e2e >= r.ttft + sum(r.itl) - 1e-6
         assert r.tpot == pytest.approx((r.e2e - r.ttft) / 6)
         assert r.prompt_tokens == 12 and r.finish_reason == "length"
+    assert 0.015 <= statistics.median(g for r in res.records for g in r.itl) < 0.3
     body = srv.bodies[0]
     assert body["stream"] and body["stream_options"] == {"include_usage": True}
     assert ("messages" in body) == (api == "chat") and body["max_tokens"] == 7
