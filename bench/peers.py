@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from paternoster.bench import llamacpp, peer_servers  # bench/ installed as paternoster.bench
+from paternoster.entrypoints.engine_args import positive_int
 
 KINDS = ("bf16", "q8_0", "q4_1")
 
@@ -291,20 +292,9 @@ def cmd_capacity(args: argparse.Namespace) -> str:
 # -------------------------------------------------------------------- main
 
 
-def _positive(text: str) -> int:
-    """An integer >= 1 (argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def _ints(text: str) -> list[int]:
     """A comma-separated list of integers >= 1, at least one (argparse type)."""
-    values = [_positive(x.strip()) for x in text.split(",") if x.strip()]
+    values = [positive_int(x.strip()) for x in text.split(",") if x.strip()]
     if not values:
         raise argparse.ArgumentTypeError("needs at least one integer >= 1, e.g. 1,8")
     return values
@@ -325,13 +315,13 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="sequences per step, e.g. 1,8 (default 1,8,32,64,128)")  # fmt: skip
     g.add_argument("--weights", type=_kinds, default=list(KINDS),
                    help="llama.cpp weight formats (default: bf16,q8_0,q4_1)")  # fmt: skip
-    g.add_argument("--threads", type=_positive, default=1,
+    g.add_argument("--threads", type=positive_int, default=1,
                    help="both engines: llama.cpp's -t/-tb, ours (default 1)")  # fmt: skip
-    g.add_argument("--prompt-len", type=_positive, default=128, help="tokens (default 128)")
+    g.add_argument("--prompt-len", type=positive_int, default=128, help="tokens (default 128)")
     g.add_argument("--decode-warmup", type=int, default=2, help="ours: steps not timed")
-    g.add_argument("--decode-steps", type=_positive, default=16, help="ours: steps timed")
+    g.add_argument("--decode-steps", type=positive_int, default=16, help="ours: steps timed")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--rounds", type=_positive, default=1,
+    g.add_argument("--rounds", type=positive_int, default=1,
                    help="alternate the engines N times (default 1)")  # fmt: skip
     g.add_argument(
         "--ours-quantized",
