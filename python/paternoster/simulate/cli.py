@@ -142,11 +142,11 @@ def _writable_dir(path: Path, what: str) -> None:
 
 
 def _saved(report: str, model: CostModel, args: argparse.Namespace, out: Path) -> CostModel:
-    """Print ``report``, save ``model`` to ``--cost-model`` (else OUT/cost_model.json)."""
+    """Print ``report``, save ``model`` to ``--cost-model`` (else OUT/cost_model.json);
+    ``run`` has made both folders (:func:`_writable_dir`)."""
     print(report)
     path = Path(args.cost_model) if args.cost_model else out / "cost_model.json"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         model.save(path)
     except OSError as e:
         raise ValueError(f"cannot write the cost model to {path}: {e.strerror or e}") from None
