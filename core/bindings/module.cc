@@ -455,20 +455,23 @@ PYBIND11_MODULE(_core, m) {
       "_linear_ptr",
       [](uintptr_t out, DType out_dtype, uintptr_t x, DType x_dtype, uintptr_t weight,
          WeightFormat format, uintptr_t bias, int64_t num_tokens, int64_t out_features,
-         int64_t in_features, const std::string& isa) {
+         int64_t in_features, const std::string& isa, bool batch_invariant) {
         if (isa.empty()) {
           linear(ptr<void>(out), out_dtype, ptr<const void>(x), x_dtype, ptr<const void>(weight),
-                 format, ptr<const void>(bias), num_tokens, out_features, in_features);
+                 format, ptr<const void>(bias), num_tokens, out_features, in_features,
+                 batch_invariant);
         } else {
           linear_isa_variant(isa.c_str(), ptr<void>(out), out_dtype, ptr<const void>(x), x_dtype,
                              ptr<const void>(weight), format, ptr<const void>(bias), num_tokens,
-                             out_features, in_features);
+                             out_features, in_features, batch_invariant);
         }
       },
       py::arg("out"), py::arg("out_dtype"), py::arg("x"), py::arg("x_dtype"), py::arg("weight"),
       py::arg("format"), py::arg("bias"), py::arg("num_tokens"), py::arg("out_features"),
-      py::arg("in_features"), py::arg("isa") = "", py::call_guard<py::gil_scoped_release>(),
-      "out = x W^T (+ bias) on raw data pointers (bias 0: none; isa '': the default).");
+      py::arg("in_features"), py::arg("isa") = "", py::arg("batch_invariant") = false,
+      py::call_guard<py::gil_scoped_release>(),
+      "out = x W^T (+ bias) on raw data pointers (bias 0: none; isa '': the default; "
+      "batch_invariant: no 8-bit activation path, see paternoster/linear.h).");
   m.def(
       "_dequantize_rows_ptr",
       [](uintptr_t out, uintptr_t weight, WeightFormat format, int64_t num_rows,

@@ -114,7 +114,8 @@ void DecoderStack::forward(void* out, void* x, const int64_t* positions,
       fused_add_rms_norm(mlp, residual, l.input_norm, T, H, c_.rms_norm_eps, dt);
       normed = mlp;
     }
-    linear(qkv, dt, normed, dt, l.qkv.data, l.qkv.format, l.qkv.bias, T, qkv_width, H);
+    linear(qkv, dt, normed, dt, l.qkv.data, l.qkv.format, l.qkv.bias, T, qkv_width, H,
+           c_.batch_invariant);
     gather_rows(q, qkv, T, q_size, qkv_width, elem);
     gather_rows(k, bytes(qkv) + q_size * elem, T, kv_size, qkv_width, elem);
     gather_rows(v, bytes(qkv) + (q_size + kv_size) * elem, T, kv_size, qkv_width, elem);
@@ -132,11 +133,14 @@ void DecoderStack::forward(void* out, void* x, const int64_t* positions,
                     query_start_loc, T, num_seqs, c_.num_heads, c_.num_kv_heads, D,
                     c_.num_blocks, c_.block_size, max_blocks_per_seq, scale, dt,
                     c_.batch_invariant, l.sliding_window);
-    linear(proj, dt, attn, dt, l.o.data, l.o.format, l.o.bias, T, H, q_size);
+    linear(proj, dt, attn, dt, l.o.data, l.o.format, l.o.bias, T, H, q_size,
+           c_.batch_invariant);
     fused_add_rms_norm(proj, residual, l.post_attention_norm, T, H, c_.rms_norm_eps, dt);
-    linear(gate_up, dt, proj, dt, l.gate_up.data, l.gate_up.format, l.gate_up.bias, T, 2 * I, H);
+    linear(gate_up, dt, proj, dt, l.gate_up.data, l.gate_up.format, l.gate_up.bias, T, 2 * I, H,
+           c_.batch_invariant);
     silu_and_mul(act, gate_up, T, I, dt);
-    linear(mlp, dt, act, dt, l.down.data, l.down.format, l.down.bias, T, H, I);
+    linear(mlp, dt, act, dt, l.down.data, l.down.format, l.down.bias, T, H, I,
+           c_.batch_invariant);
   }
   std::memcpy(out, mlp, static_cast<size_t>(T * H * elem));
   fused_add_rms_norm(out, residual, final_norm_, T, H, c_.rms_norm_eps, dt);

@@ -17,6 +17,13 @@ struct LinearArgs {
   DType out_dtype;
   const float* x;       // [M, K] float32 (null when x_bf16 is used)
   const uint16_t* x_bf16;  // [M, K] bfloat16, for kernels with bf16_dot; else null
+  // x quantized to 8 bits per block of 32, for kernels with i8_dot and
+  // quantized weights (else null): x[m, k] ~ xd[m, k / 32] * x_q8[m, k], with
+  // the scale xd in all 8 floats of x_q8_scale8[m, b] and xd * (sum of block
+  // b's x_q8) in the first of x_q8_sum8[m, b] (the other 7 zero).
+  const int8_t* x_q8;        // [M, K]
+  const float* x_q8_scale8;  // [M, K / 32, 8]
+  const float* x_q8_sum8;    // [M, K / 32, 8]
   const uint8_t* weight;
   WeightFormat format;
   int64_t row_bytes;    // bytes per weight row
@@ -37,6 +44,9 @@ struct LinearKernels {
   // Takes bfloat16 x as is (x_bf16) and multiplies with bfloat16 dot products
   // (AVX-512 BF16): weights rounded to bfloat16, products exact, float32 sums.
   bool bf16_dot;
+  // Takes x_q8 (quantized weights only) and multiplies with 8-bit integer dot
+  // products (AVX-512 VNNI); see linear_dot_i8.inc.
+  bool i8_dot;
 };
 
 namespace baseline { extern const LinearKernels kLinearKernels; }

@@ -172,9 +172,9 @@ INSTANTIATE_TEST_SUITE_P(Formats, LinearTest,
                                            Case{WeightFormat::kQ4_0, 64},
                                            Case{WeightFormat::kQ4_1, 576}));
 
-// A row's bits do not depend on the batch around it, nor on the threads:
-// float32 x (every variant's float32 path) and bfloat16 x (the bfloat16
-// dot-product path where the CPU has it).
+// With batch_invariant, a row's bits do not depend on the batch around it,
+// nor on the threads: float32 x (every variant's float32 path) and bfloat16 x
+// (the bfloat16 dot-product path where the CPU has it).
 TEST(Linear, BatchInvariant) {
   std::mt19937 rng(3);
   const int64_t k = 1536, n = 130, m = 70;
@@ -193,12 +193,12 @@ TEST(Linear, BatchInvariant) {
         std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
         set_num_threads(2);
         linear_isa_variant(isa.c_str(), all.data(), DType::kFloat32, xp, xd, w.bytes.data(), f,
-                           nullptr, m, n, k);
+                           nullptr, m, n, k, /*batch_invariant=*/true);
         set_num_threads(1);
         for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{33}, m - 1}) {
           linear_isa_variant(isa.c_str(), one.data(), DType::kFloat32,
                              xp + static_cast<size_t>(i * k) * xsize, xd, w.bytes.data(), f,
-                             nullptr, 1, n, k);
+                             nullptr, 1, n, k, /*batch_invariant=*/true);
           EXPECT_EQ(0, std::memcmp(one.data(), all.data() + i * n, one.size() * sizeof(float)))
               << isa << " x dtype " << static_cast<int>(xd) << " row " << i;
         }

@@ -511,9 +511,11 @@ def _linear_ptr(
     out_features: int,
     in_features: int,
     isa: str = "",
+    batch_invariant: bool = False,
 ) -> None:
     """``out [T, N] = x [T, K] @ W^T (+ bias)`` on raw CPU data pointers (bias 0:
-    none; isa "": the default variant). Releases the GIL. ValueError before
+    none; isa "": the default variant; batch_invariant: quantized weights never
+    take the 8-bit activation path). Releases the GIL. ValueError before
     writing for bad sizes or an unavailable variant. Use
     :func:`paternoster.kernels.linear` instead."""
 

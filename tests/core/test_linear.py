@@ -101,8 +101,56 @@ def test_isa_variants_agree_within_rounding():
     for isa in _core.available_linear_isas():
         out = torch.empty(3, 64)
         _core._linear_ptr(out.data_ptr(), _core.DType.float32, x.data_ptr(), _core.DType.float32,
-                          qw.data.data_ptr(), _core.WeightFormat.q4_1, 0, 3, 64, 320, isa)
+                          qw.data.data_ptr(), _core.WeightFormat.q4_1, 0, 3, 64, 320, isa,
+                          batch_invariant=True)
         assert (out.double() - ref).abs().max() < 1e-4, isa
+
+
+def q8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x ``[T, K]`` quantized as llama.cpp quantizes activations for its
+    integer dot products (ggml's quantize_row_q8_1 reference): per block of 32,
+    scale ``d = max|x| / 127`` and values ``round(x / d)``, ties to even, in
+    float32; returned dequantized, float64."""
+    blocks = x.float().numpy().reshape(x.shape[0], -1, 32)
+    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    q = np.rint(blocks * inv)
+    return torch.from_numpy((q.astype(np.float64) * d).reshape(x.shape))
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_quantized_calls_take_8bit_activations_where_vnni(fmt, dtype):
+    """Calls of 1-4 rows with quantized weights on the avx512bf16 variant:
+    x quantized to 8 bits per block (llama.cpp's q8 activations) times the
+    gguf-dequantized weights, within float32 summation error; error against
+    the float path within llama.cpp's own mul_mat tolerance (test-backend-ops:
+    NMSE <= 5e-4). Batch-invariant calls never take this path. Elsewhere the
+    float path at every size."""
+    torch.manual_seed(5)
+    qw, ref_w = quantized(torch.randn(130, 576), fmt)
+    for t in (1, 2, 3, 4):
+        x = torch.randn(t, 576).to(dtype)
+        out = kernels.linear(x, qw, out_dtype=torch.float32).double()
+        exact = x.double() @ ref_w.T
+        invariant = kernels.linear(x, qw, out_dtype=torch.float32, invariant=True)
+        if _core.linear_isa() != "avx512bf16":
+            assert torch.equal(out.float(), invariant), t
+            continue
+        ref = q8_activations(x) @ ref_w.T
+        scale = (x.double().abs() @ ref_w.abs().T).max()
+        assert (out - ref).abs().max() <= 1e-6 * scale, t
+        nmse = ((out - exact) ** 2).sum() / (exact**2).sum()
+        assert 1e-7 < nmse <= 5e-4, t  # activation rounding shows, within llama.cpp's bound
+        # invariant: the float path of larger calls, bit for bit.
+        wide = kernels.linear(torch.cat([x, x]).repeat(3, 1), qw, out_dtype=torch.float32)
+        assert torch.equal(invariant, wide[:t]), t
+    # A NaN or infinity reaches the outputs (not finite), as in the float path.
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(2, 576).to(dtype)
+        x[1, 40] = bad
+        out = kernels.linear(x, qw, out_dtype=torch.float32)
+        assert not out[1].isfinite().any() and out[0].isfinite().all(), bad
 
 
 def test_bad_arguments_name_the_argument():

@@ -16,12 +16,16 @@
 //   bias   [out_features] in x_dtype, or null
 //   out    [num_tokens, out_features]   float32 or bfloat16 (out_dtype)
 //
-// Arithmetic is float32 with one rounding to out_dtype at the end.
-// Batch invariance: every output element is reduced in the same order (fixed
-// by in_features and the ISA variant alone), whatever num_tokens is, which
-// rows it shares a call with and how the work is split over threads, so a
-// row's result is bit-identical however it is batched. (Thread splits cut
-// out_features and token blocks, never the reduction.)
+// Arithmetic is float32 with one rounding to out_dtype at the end, with one
+// exception: on the avx512bf16 variant, calls of at most 4 tokens with
+// quantized weights quantize x to 8 bits per block of 32 (as llama.cpp's CPU
+// path does) and sum integer products, unless batch_invariant is set.
+// Batch invariance: every output element is reduced in an order fixed by
+// in_features, the ISA variant and that choice alone (thread splits cut
+// out_features and token blocks, never the reduction). With batch_invariant,
+// or with dense weights, a row's result is bit-identical whatever num_tokens
+// is, which rows it shares a call with and how the work is split; without it,
+// a quantized call's result may change between at most 4 tokens and more.
 //
 // Work is split over default_thread_pool(). Every function checks its
 // arguments and throws std::invalid_argument before writing anything.
@@ -44,10 +48,11 @@ constexpr int64_t kQuantBlock = 32;
 // formats need in_features % 32 == 0 (std::invalid_argument otherwise).
 int64_t weight_row_bytes(WeightFormat format, int64_t in_features);
 
-// out = x W^T (+ bias); see the header comment for layouts and rounding.
+// out = x W^T (+ bias); see the header comment for layouts, rounding and
+// batch_invariant.
 void linear(void* out, DType out_dtype, const void* x, DType x_dtype, const void* weight,
             WeightFormat format, const void* bias, int64_t num_tokens, int64_t out_features,
-            int64_t in_features);
+            int64_t in_features, bool batch_invariant = false);
 
 // Dequantizes rows [0, num_rows) of a weight in `format` into float32
 // out [num_rows, in_features] (the values the linear kernel multiplies by).
@@ -62,6 +67,7 @@ const char* linear_isa();
 // linear() with an explicit ISA variant (tests and benchmarks).
 void linear_isa_variant(const char* isa, void* out, DType out_dtype, const void* x,
                         DType x_dtype, const void* weight, WeightFormat format, const void* bias,
-                        int64_t num_tokens, int64_t out_features, int64_t in_features);
+                        int64_t num_tokens, int64_t out_features, int64_t in_features,
+                        bool batch_invariant = false);
 
 }  // namespace paternoster

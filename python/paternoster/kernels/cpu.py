@@ -200,5 +200,6 @@ class CpuBackend(Backend):
             raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
         out = torch.empty((t, n), dtype=out_dtype)
         _core._linear_ptr(out.data_ptr(), CPU_DTYPES[out_dtype], x.data_ptr(), CPU_DTYPES[x.dtype],
-                          data.data_ptr(), fmt, 0 if bias is None else bias.data_ptr(), t, n, k)
+                          data.data_ptr(), fmt, 0 if bias is None else bias.data_ptr(), t, n, k,
+                          batch_invariant=invariant)
         return out
