@@ -72,6 +72,16 @@ def test_cli_compare_names_the_policy_that_refuses_its_options(tmp_path, capsys)
                "--out", str(tmp_path)])  # fmt: skip
     assert rc == 2
     assert "error: policy slo: margin must be" in capsys.readouterr().err
+    # Checked before any policy runs: fcfs left nothing behind.
+    assert not (tmp_path / "fcfs.json").exists() and not (tmp_path / "trace.jsonl").exists()
+
+
+def test_cli_shared_settings_are_not_blamed_on_a_policy(tmp_path, capsys):
+    rc = main(["--mix", "--num-requests", "4", "--compare", "fcfs,slo", "--unit-cost",
+               "--no-plot", "--max-num-seqs", "0", "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "max_num_seqs must be >= 1, got 0" in err and "policy" not in err
 
 
 def test_cli_empty_fit_timeline_is_named(tmp_path, capsys):

@@ -16,7 +16,9 @@ import os
 import sys
 from pathlib import Path
 
+from paternoster.config import SchedulerConfig
 from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL, CostModel
+from paternoster.scheduling.registry import load_scheduler_class
 from paternoster.simulate.results import (
     SimulationResult,
     format_priority_table,
@@ -87,6 +89,23 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def _policy_configs(names: list[str], raw: str | None, compare: bool) -> dict[str, dict]:
+    """Each policy's options from ``--scheduler-config``, every one checked
+    by its policy (``check_options``) before any policy runs.
+
+    Raises:
+        ValueError: an unknown policy, or options a policy refuses (prefixed
+            ``policy NAME:``).
+    """
+    configs = _parse_policy_configs(names, raw, compare)
+    for name, options in configs.items():
+        try:
+            load_scheduler_class(name).check_options(options)
+        except ValueError as e:
+            raise ValueError(f"policy {name}: {e}") from None
+    return configs
+
+
+def _parse_policy_configs(names: list[str], raw: str | None, compare: bool) -> dict[str, dict]:
     from paternoster.entrypoints.engine_args import parse_scheduler_config
 
     parsed = parse_scheduler_config(raw)
@@ -174,6 +193,9 @@ def run(args: argparse.Namespace) -> int:
         if not names or len(set(names)) != len(names):
             raise ValueError(f"--compare needs distinct policy names, got {args.compare!r}")
         configs = _policy_configs(names, args.scheduler_config, bool(args.compare))
+        # Settings shared by every policy fail here, unprefixed, not in the first run.
+        SchedulerConfig(scheduler=names[0], max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens)
         if args.trace is None and not args.mix and not args.calibrate and args.fit_timeline is None:
             raise ValueError("give --trace PATH or --mix (or --calibrate / --fit-timeline)")
         _writable_dir(out, "--out")
