@@ -89,6 +89,15 @@ def test_cli_empty_fit_timeline_is_named(tmp_path, capsys):
     assert "--fit-timeline needs a server URL or a snapshot file" in capsys.readouterr().err
 
 
+def test_cli_empty_cost_model_is_named_not_ignored(tmp_path, capsys):
+    # An empty path used to fall back to the built-in model without a word.
+    rc = main(["--mix", "--num-requests", "4", "--no-plot", "--cost-model", " ",
+               "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 2
+    assert "--cost-model needs a JSON file's path, got ' '" in capsys.readouterr().err
+    assert not (tmp_path / "trace.jsonl").exists()
+
+
 def test_cli_unwritable_cost_model_path_is_an_input_error(tmp_path):
     import argparse
 

@@ -184,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     try:
+        if args.cost_model is not None and not args.cost_model.strip():
+            raise ValueError(f"--cost-model needs a JSON file's path, got {args.cost_model!r}")
         if args.unit_cost and (args.calibrate or args.cost_model or args.fit_timeline is not None):
             raise ValueError("--unit-cost excludes --calibrate, --fit-timeline and --cost-model")
         if args.calibrate and args.fit_timeline is not None:
