@@ -30,17 +30,6 @@ constexpr int64_t kTokenBlock = 64;
 constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 // Work items per thread, so the dynamic schedule evens out.
 constexpr int64_t kItemsPerThread = 4;
-// Calls of up to this many tokens with quantized weights take the 8-bit
-// activation path (linear_dot_i8.inc) where the variant has it, outside
-// batch-invariant mode: the decode steps, where the float path is bound by
-// dequantizing weights in registers rather than by memory. Larger calls reuse
-// each dequantized weight row across their tokens in the float path, cheaper
-// per (token, row) pair than vpdpbusd plus a scaled conversion per block.
-// One 3072 x 576 matrix in L2, bfloat16 x, 2 threads, best of 40 interleaved
-// (the 2-core AVX-512 BF16 EPYC, under load): float / 8-bit time Q8_0 1.98x
-// at 1 token, 1.45x at 2, 1.86x at 3, 0.99x at 4; Q4_1 2.08x, 1.54x, 2.14x,
-// 1.14x.
-constexpr int64_t kI8MaxTokens = 4;
 
 // The avx512 variant plus bfloat16 dot products, where the CPU has them.
 bool cpu_has_avx512_bf16() {
@@ -168,8 +157,7 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
 
   thread_local std::vector<float> x_buf, bias_buf, q8_scale, q8_sum;
   thread_local std::vector<int8_t> q8;
-  const bool i8 = k.i8_dot && is_quantized(format) && !batch_invariant &&
-                  num_tokens <= kI8MaxTokens;
+  const bool i8 = is_quantized(format) && !batch_invariant && num_tokens <= k.i8_max_tokens;
   if (i8) quantize_rows_q8(x, x_dtype, num_tokens, in_features, q8, q8_scale, q8_sum);
   // bfloat16 x into bfloat16 dot products as is (float32 weights excepted).
   const bool dot = !i8 && k.bf16_dot && x_dtype == DType::kBFloat16 &&

@@ -5,4 +5,7 @@
 #define PATERNOSTER_ISA_NS avx512bf16
 #define PATERNOSTER_SIMD_WIDTH 16
 #define PATERNOSTER_LINEAR_BF16_DOT 1
+// Quantized-weight calls of up to 8 tokens take the 8-bit activation path
+// (linear_kernel.h: LinearKernels::i8_max_tokens).
+#define PATERNOSTER_LINEAR_I8_DOT 8
 #include "linear_kernel.inc"

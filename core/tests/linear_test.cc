@@ -135,10 +135,13 @@ TEST_P(LinearTest, MatchesDoubleReference) {
       std::vector<uint16_t> out_h(out.size());
       const void* xp = xd == DType::kFloat32 ? static_cast<const void*>(x.data()) : xh.data();
       const void* bp = xd == DType::kFloat32 ? static_cast<const void*>(bias.data()) : bh.data();
+      // batch_invariant: the float-activation path for quantized weights too
+      // (the 8-bit one is checked against llama.cpp's q8 activations in
+      // tests/core/test_linear.py).
       linear_isa_variant(isa.c_str(), out.data(), DType::kFloat32, xp, xd, w.bytes.data(),
-                         c.format, bp, m, n, c.k);
+                         c.format, bp, m, n, c.k, true);
       linear_isa_variant(isa.c_str(), out_h.data(), DType::kBFloat16, xp, xd, w.bytes.data(),
-                         c.format, bp, m, n, c.k);
+                         c.format, bp, m, n, c.k, true);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
           // The bfloat16 dot-product variant rounds weights to bfloat16 first.

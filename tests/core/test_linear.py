@@ -41,7 +41,9 @@ def test_quantized_matches_gguf_dequantized(fmt, dtype):
     qw, ref_w = quantized(w, fmt)
     x = torch.randn(9, 576).to(dtype)
     bias = torch.randn(200).to(dtype)
-    out = kernels.linear(x, qw, bias, out_dtype=torch.float32)
+    # invariant: the float-activation path at every size (the 8-bit one has
+    # its own test below).
+    out = kernels.linear(x, qw, bias, out_dtype=torch.float32, invariant=True)
     assert out.dtype == torch.float32
     scale = (x.double().abs() @ ref_w.abs().T).max()
     if dtype == torch.bfloat16 and _core.linear_isa() == "avx512bf16":
@@ -50,7 +52,7 @@ def test_quantized_matches_gguf_dequantized(fmt, dtype):
     ref = x.double() @ ref_w.T + bias.double()
     assert (out.double() - ref).abs().max() <= 1e-6 * scale
     # Model-dtype output: the float32 result rounded once.
-    assert torch.equal(kernels.linear(x, qw, bias), out.to(dtype))
+    assert torch.equal(kernels.linear(x, qw, bias, invariant=True), out.to(dtype))
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
@@ -118,36 +120,74 @@ def q8_activations(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy((q.astype(np.float64) * d).reshape(x.shape))
 
 
+# The most tokens a quantized call may have and take the 8-bit activation
+# path, per ISA variant (core/include/paternoster/linear.h); other variants
+# never take it.
+I8_MAX_TOKENS = {"avx512bf16": 8, "avx512": 64, "avx2": 64}
+FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4_0,
+           "q4_1": _core.WeightFormat.q4_1}
+
+
+def _variant_linear(isa: str, x: torch.Tensor, qw: QuantizedWeight,
+                    invariant: bool) -> torch.Tensor:
+    """``x @ w.T`` float32 ``[T, N]`` on one ISA variant of the core."""
+    t, k = x.shape
+    n = qw.data.shape[0]
+    out = torch.empty(t, n)
+    dtype = _core.DType.bfloat16 if x.dtype == torch.bfloat16 else _core.DType.float32
+    _core._linear_ptr(out.data_ptr(), _core.DType.float32, x.data_ptr(), dtype,
+                      qw.data.data_ptr(), FORMATS[qw.format], 0, t, n, k, isa,
+                      batch_invariant=invariant)  # fmt: skip
+    return out
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_small_quantized_calls_take_8bit_activations_where_vnni(fmt, dtype):
-    """Calls of 1-4 rows with quantized weights on the avx512bf16 variant:
-    x quantized to 8 bits per block (llama.cpp's q8 activations) times the
+def test_small_quantized_calls_take_8bit_activations_on_x86_variants(fmt, dtype):
+    """Quantized calls of up to I8_MAX_TOKENS rows on the x86 variants: x
+    quantized to 8 bits per block (llama.cpp's q8 activations) times the
     gguf-dequantized weights, within float32 summation error; error against
     the float path within llama.cpp's own mul_mat tolerance (test-backend-ops:
-    NMSE <= 5e-4). Batch-invariant calls never take this path. Elsewhere the
-    float path at every size."""
+    NMSE <= 5e-4); the same bits on every variant (vpdpbusd and AVX2's
+    vpmaddubsw + vpmaddwd give the same exact integer sums). Larger calls and
+    batch-invariant calls take the float path, bit for bit."""
     torch.manual_seed(5)
     qw, ref_w = quantized(torch.randn(130, 576), fmt)
-    for t in (1, 2, 3, 4):
+    for t in (1, 3, 4, 8, 9, 64, 65):
         x = torch.randn(t, 576).to(dtype)
-        out = kernels.linear(x, qw, out_dtype=torch.float32).double()
         exact = x.double() @ ref_w.T
-        invariant = kernels.linear(x, qw, out_dtype=torch.float32, invariant=True)
-        if _core.linear_isa() != "avx512bf16":
-            assert torch.equal(out.float(), invariant), t
-            continue
         ref = q8_activations(x) @ ref_w.T
         scale = (x.double().abs() @ ref_w.abs().T).max()
-        assert (out - ref).abs().max() <= 1e-6 * scale, t
-        nmse = ((out - exact) ** 2).sum() / (exact**2).sum()
-        assert 1e-7 < nmse <= 5e-4, t  # activation rounding shows, within llama.cpp's bound
-        # invariant: the float path of larger calls, bit for bit.
-        wide = kernels.linear(torch.cat([x, x]).repeat(3, 1), qw, out_dtype=torch.float32)
+        i8_outs = []
+        for isa in _core.available_linear_isas():
+            out = _variant_linear(isa, x, qw, invariant=False)
+            invariant = _variant_linear(isa, x, qw, invariant=True)
+            if t > I8_MAX_TOKENS.get(isa, 0):
+                assert torch.equal(out, invariant), (isa, t)
+                continue
+            assert (out.double() - ref).abs().max() <= 1e-6 * scale, (isa, t)
+            nmse = ((out.double() - exact) ** 2).sum() / (exact**2).sum()
+            # the activations' rounding shows, within llama.cpp's bound
+            assert 1e-7 < nmse <= 5e-4, (isa, t)
+            i8_outs.append((isa, out))
+        for isa, out in i8_outs[1:]:
+            assert torch.equal(out, i8_outs[0][1]), (isa, i8_outs[0][0], t)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_8bit_activation_path_through_kernels_linear(fmt):
+    """Through ``kernels.linear`` on the default variant: ``invariant`` keeps
+    the float path of the widest calls bit for bit, and a NaN or infinity in
+    a row reaches that row's outputs (not finite) and no other row's."""
+    torch.manual_seed(6)
+    qw, _ = quantized(torch.randn(130, 576), fmt)
+    for t in (1, 4):
+        x = torch.randn(t, 576).bfloat16()
+        invariant = kernels.linear(x, qw, out_dtype=torch.float32, invariant=True)
+        wide = kernels.linear(x.repeat(70, 1), qw, out_dtype=torch.float32)  # > 64 rows
         assert torch.equal(invariant, wide[:t]), t
-    # A NaN or infinity reaches the outputs (not finite), as in the float path.
     for bad in (float("nan"), float("inf")):
-        x = torch.randn(2, 576).to(dtype)
+        x = torch.randn(2, 576).bfloat16()
         x[1, 40] = bad
         out = kernels.linear(x, qw, out_dtype=torch.float32)
         assert not out[1].isfinite().any() and out[0].isfinite().all(), bad

@@ -32,7 +32,11 @@ TOKENS = torch.randint(3, 128, (30,), generator=torch.Generator().manual_seed(2)
 
 
 def _logits(path, dtype: str) -> tuple[torch.Tensor, ModelRunner]:
-    runner = ModelRunner(ModelConfig(model=str(path), dtype=dtype),
+    """Logits of TOKENS in two chunks. Batch-invariant mode keeps quantized
+    matrices on the float-activation path at every chunk size, so the
+    comparison with HF's float forward is not blurred by the 8-bit activations
+    the default mode uses for small calls (tests/core/test_linear.py)."""
+    runner = ModelRunner(ModelConfig(model=str(path), dtype=dtype, batch_invariant=True),
                          CacheConfig(block_size=8, num_kv_blocks=64))
     tokens = TOKENS
     maker = BatchMaker(64, 8)

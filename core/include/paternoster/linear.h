@@ -17,15 +17,16 @@
 //   out    [num_tokens, out_features]   float32 or bfloat16 (out_dtype)
 //
 // Arithmetic is float32 with one rounding to out_dtype at the end, with one
-// exception: on the avx512bf16 variant, calls of at most 4 tokens with
-// quantized weights quantize x to 8 bits per block of 32 (as llama.cpp's CPU
-// path does) and sum integer products, unless batch_invariant is set.
+// exception: on the x86 variants with AVX2, calls with quantized weights of at
+// most 8 tokens (avx512bf16) or 64 (avx2, avx512) quantize x to 8 bits per
+// block of 32 (as llama.cpp's CPU path does) and sum integer products, unless
+// batch_invariant is set.
 // Batch invariance: every output element is reduced in an order fixed by
 // in_features, the ISA variant and that choice alone (thread splits cut
 // out_features and token blocks, never the reduction). With batch_invariant,
 // or with dense weights, a row's result is bit-identical whatever num_tokens
 // is, which rows it shares a call with and how the work is split; without it,
-// a quantized call's result may change between at most 4 tokens and more.
+// a quantized call's result may change between calls below and above that size.
 //
 // Work is split over default_thread_pool(). Every function checks its
 // arguments and throws std::invalid_argument before writing anything.

@@ -36,8 +36,9 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, *,
         invariant: every row's result must not depend on the other rows of
             the call (batch-invariant mode): on CPU always the core's kernel,
             and quantized weights never take its 8-bit activation path
-            (calls of at most 4 rows on AVX-512 VNNI CPUs quantize x per block
-            of 32, as llama.cpp does; see ``core/include/paternoster/linear.h``).
+            (on AVX2 / AVX-512 CPUs calls of at most 8 rows, or 64 without
+            AVX-512 BF16, quantize x per block of 32 as llama.cpp does; see
+            ``core/include/paternoster/linear.h``).
     Returns:
         ``[T, N]`` in ``out_dtype``.
     Raises:
