@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -56,7 +57,13 @@ def run_logged(cmd: list, timeout: float, stream: bool = False) -> str:
     out = proc.stdout or ""
     if proc.returncode != 0:
         tail = "\n".join(out.splitlines()[-40:])
-        raise RuntimeError(f"{Path(argv[0]).name} exited {proc.returncode}:\n{tail}")
+        hint = ""
+        if proc.returncode == -signal.SIGSEGV:
+            # Seen on an AMX Xeon (2026-12-04): llama.cpp's repacked (AMX) weight
+            # buffers crash on Q8_0 and Q4_1 files, with or without our flags.
+            hint = ("\n(llama.cpp crashed; if this CPU has AMX, try again without its "
+                    "weight repacking: LLAMA_ARG_REPACK=0 in the environment, i.e. -nr)")
+        raise RuntimeError(f"{Path(argv[0]).name} exited {proc.returncode}:\n{tail}{hint}")
     return out
 
 

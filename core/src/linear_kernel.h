@@ -52,8 +52,8 @@ struct LinearKernels {
   // variant reuse each dequantized weight row across their tokens with
   // vdpbf16ps, cheaper per (token, row) pair than an integer dot plus a scaled
   // conversion per block. One 3072 x 576 matrix, bfloat16 x, 2 threads,
-  // variants interleaved, float / 8-bit time (the 2-core AVX-512 BF16 EPYC,
-  // under load), Q8_0 | Q4_1:
+  // variants interleaved, float / 8-bit time (a 2-core Intel Xeon VM with
+  // AVX-512 BF16, VNNI and AMX, during a test run), Q8_0 | Q4_1:
   //   avx512bf16: 1.41x | 1.62x at 4 tokens, 1.03x | 1.11x at 8, 0.91x | 0.96x
   //               at 12, 0.78x | 0.57x at 32
   //   avx512:     1.31x | 1.69x at 4, 1.09x | 1.08x at 16, 1.11x | 1.08x at 64
