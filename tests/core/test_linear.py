@@ -11,7 +11,12 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from paternoster import _core, kernels
-from paternoster.kernels.cpu import DENSE_CORE_MAX_TOKENS, CpuBackend
+from paternoster.kernels.cpu import (
+    CPU_DTYPES,
+    DENSE_CORE_MAX_TOKENS,
+    WEIGHT_FORMATS,
+    CpuBackend,
+)
 from paternoster.kernels.quant import QuantizedWeight, dequantize_torch
 
 GGML_TYPES = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
@@ -124,8 +129,6 @@ def q8_activations(x: torch.Tensor) -> torch.Tensor:
 # path, per ISA variant (core/include/paternoster/linear.h); other variants
 # never take it.
 I8_MAX_TOKENS = {"avx512bf16": 8, "avx512": 64, "avx2": 64}
-FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4_0,
-           "q4_1": _core.WeightFormat.q4_1}
 
 
 def _variant_linear(isa: str, x: torch.Tensor, qw: QuantizedWeight,
@@ -134,9 +137,8 @@ def _variant_linear(isa: str, x: torch.Tensor, qw: QuantizedWeight,
     t, k = x.shape
     n = qw.data.shape[0]
     out = torch.empty(t, n)
-    dtype = _core.DType.bfloat16 if x.dtype == torch.bfloat16 else _core.DType.float32
-    _core._linear_ptr(out.data_ptr(), _core.DType.float32, x.data_ptr(), dtype,
-                      qw.data.data_ptr(), FORMATS[qw.format], 0, t, n, k, isa,
+    _core._linear_ptr(out.data_ptr(), _core.DType.float32, x.data_ptr(), CPU_DTYPES[x.dtype],
+                      qw.data.data_ptr(), WEIGHT_FORMATS[qw.format], 0, t, n, k, isa,
                       batch_invariant=invariant)  # fmt: skip
     return out
 
