@@ -28,6 +28,10 @@ message, the whole run stays inside ``--budget`` seconds, default 8 minutes):
 5. peer: the same workload through HF transformers' continuous batching
    ``generate_batch`` (static ``generate`` if absent). Target: Paternoster >= 3x
    its output tokens per second at 256.
+6. tensor parallel (:mod:`gpu_check_tp`), where torch sees two GPUs: TP=2
+   over NCCL, layer by layer, the split model's logits against HF's float32
+   forward, and ``LLM(tensor_parallel_size=2)`` against one GPU; a one-GPU
+   machine prints a skip row. ``--dry-run`` runs it over gloo on the CPU.
 
 Prints one table last and writes ``gpu_check.json`` under ``$OUT`` (or
 ``--out``). Imports only torch, numpy, transformers and the engine core (no
@@ -79,7 +83,7 @@ LLAMA3_8B = {
 
 # Phase budgets in seconds (upper bounds; a phase is skipped when less is left).
 PHASE_BUDGET = {"build": 240, "correctness": 60, "kernel": 30, "e2e": 150, "peer": 120,
-                "tp": 40}
+                "tp": 90}
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -914,9 +918,11 @@ def dry_run(args: argparse.Namespace, report: Report, clock: Clock) -> None:
     print(f"[dry-run] HTTP/ZMQ modules imported: {loaded or 'none'}", flush=True)
     report.row("imports (no HTTP/ZMQ modules)", ", ".join(loaded) or "none", "none",
                status(not loaded))
-    print("[dry-run] tensor parallel: the TP=2 layer check over gloo on the CPU (on a "
-          "machine with >= 2 GPUs it runs over NCCL)", flush=True)
-    phase_tensor_parallel(report, "gloo")
+    print("[dry-run] tensor parallel: the TP=2 checks (layers, model, LLM) over gloo on "
+          "the CPU (on a machine with >= 2 GPUs they run over NCCL)", flush=True)
+    from gpu_check_tp import phase_tensor_parallel
+
+    phase_tensor_parallel(report, "gloo", TINY_LLAMA)
     for name in ("build", "decode kernel 64x2k bf16 32q/8kv D128 bs16"):
         report.row(name, "n/a (no GPU)", "", "n/a")
     for batch in args.batches:
@@ -924,81 +930,6 @@ def dry_run(args: argparse.Namespace, report: Report, clock: Clock) -> None:
                    ">= 70% of roofline" if batch == 256 else "(info)", "n/a")
     report.row(f"vs HF generate_batch @ batch {max(args.batches)}", "n/a (no GPU)", ">= 3x",
                "n/a")
-
-
-# --------------------------------------------------------------------------- tensor parallel
-
-
-def _tp_rank(rank: int, port: int, backend: str, out: str) -> None:
-    """One rank of the TP=2 check: each parallel layer of
-    :mod:`paternoster.model.parallel` against the full torch layer (the same
-    seeded full weights on both ranks); rank 0 writes the max errors to ``out``."""
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    from paternoster.model.parallel import (
-        ColumnParallelLinear,
-        ParallelLMHead,
-        RowParallelLinear,
-        TPGroup,
-        VocabParallelEmbedding,
-    )
-
-    cuda = backend == "nccl"
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dtype = torch.bfloat16 if cuda else torch.float32
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    tp = TPGroup.from_default()
-    gen = torch.Generator().manual_seed(0)
-    x, w1, w2 = (torch.randn(*s, generator=gen) / 8 for s in ((16, 256), (512, 256), (256, 512)))
-    table = torch.randn(1001, 256, generator=gen)  # odd vocabulary: a padded shard
-    ids = torch.randint(0, 1001, (16,), generator=gen)
-    x, w1, w2, table = (t.to(device, dtype) for t in (x, w1, w2, table))
-    ids = ids.to(device)
-    part = ColumnParallelLinear.from_full(w1, None, tp)(x)
-    errors = {
-        "column (gathered)": ColumnParallelLinear.from_full(w1, None, tp, gather_output=True)(x)
-        - F.linear(x, w1),
-        "column -> row (one all-reduce)": RowParallelLinear.from_full(w2, None, tp)(part)
-        - F.linear(F.linear(x, w1), w2),
-        "vocab-parallel embedding": VocabParallelEmbedding.from_full(table, tp)(ids)
-        - F.embedding(ids, table),
-        "vocab-parallel LM head": ParallelLMHead.from_full(table, tp)(x)
-        - F.linear(x, table).float(),
-    }
-    if rank == 0:
-        Path(out).write_text(json.dumps({k: float(v.abs().max()) for k, v in errors.items()}))
-    dist.destroy_process_group()
-
-
-def phase_tensor_parallel(report: Report, backend: str) -> None:
-    """TP=2 layer check over ``backend`` (nccl on two GPUs, gloo on the CPU
-    in --dry-run); with fewer than two GPUs for nccl, a skip row says so."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    if backend == "nccl" and torch.cuda.device_count() < 2:
-        print(f"[skip] tensor parallel TP=2 (NCCL): {torch.cuda.device_count()} GPU(s), "
-              "needs 2", flush=True)
-        report.row("tensor parallel TP=2 (nccl)", f"skipped: {torch.cuda.device_count()} GPU",
-                   "2 GPUs", "n/a")
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "tp.json")
-        mp.spawn(_tp_rank, args=(port, backend, out), nprocs=2, join=True)
-        errors = json.loads(Path(out).read_text())
-    report.data[f"tensor_parallel_{backend}"] = errors
-    tol = 0.05 if backend == "nccl" else 1e-4  # bfloat16 on GPUs, float32 on the CPU
-    for name, err in errors.items():
-        report.row(f"TP=2 {backend}: {name}", f"max |err| {err:.2e}", f"<= {tol:g}",
-                   status(err <= tol))
 
 
 # --------------------------------------------------------------------------- main
@@ -1071,8 +1002,10 @@ def main(argv: list[str] | None = None) -> int:
             ours = phase_e2e(args, report, clock, bandwidth, write_model_dir(args.layers))
         if "peer" not in args.skip and clock.allows("peer", 60):
             phase_peer(args, report, ours)
-        if "tp" not in args.skip and clock.allows("tp", 20):
-            phase_tensor_parallel(report, "nccl")
+        if "tp" not in args.skip and clock.allows("tp", 45):
+            from gpu_check_tp import phase_tensor_parallel
+
+            phase_tensor_parallel(report, "nccl", TINY_LLAMA)
     except Exception as e:  # report what ran, then the error
         import traceback
 

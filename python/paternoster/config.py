@@ -170,7 +170,8 @@ class EngineConfig:
 
     ``tensor_parallel_size``: ranks the model is split over (1: no split).
     Above 1 the engine is rank 0 and starts the other ranks as worker
-    processes (CPU only, gloo; docs/tensor_parallel.md); ``num_threads`` is
+    processes (docs/tensor_parallel.md): over gloo on ``device="cpu"``, over
+    NCCL on ``device="cuda"`` with rank r on GPU r; ``num_threads`` is
     then each rank's count (0 = auto: the usable cores split between the
     ranks).
 
@@ -197,7 +198,8 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
         if tp > 1:
             m = self.model
-            why = ("device must be 'cpu' (gloo; NCCL/CUDA is not wired)" if m.device != "cpu"
+            why = (f"device must be 'cpu' (gloo) or 'cuda' (NCCL, rank r on GPU r), got "
+                   f"{m.device!r}" if m.device not in ("cpu", "cuda")
                    else "load_format 'dummy' is not supported (ranks load shards of "
                    "safetensors)" if m.load_format == "dummy"
                    else "batch_invariant is not supported" if m.batch_invariant

@@ -1,5 +1,6 @@
 """Tensor-parallel serving, before any process starts: each rank's threads
-and cores, and the clear ``ValueError`` for what it does not run (device,
+and cores, the group's backend (NCCL on ``cuda``), and the clear
+``ValueError`` for what it does not run (a ``cuda:N`` device, too few GPUs,
 dummy weights, GGUF, quantized or MoE checkpoints, heads that do not split,
 data parallel x tensor parallel)."""
 
@@ -56,7 +57,7 @@ def test_the_plan_travels_in_the_config():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"device": "cuda"}, "device must be 'cpu'"),
+    ({"device": "cuda:1"}, "device must be 'cpu' \\(gloo\\) or 'cuda'"),
     ({"load_format": "dummy"}, "load_format 'dummy'"),
     ({"batch_invariant": True}, "batch_invariant"),
 ])  # fmt: skip
@@ -67,6 +68,22 @@ def test_settings_tensor_parallel_does_not_run_are_refused(kwargs, words):
         build_engine_config("m", tensor_parallel_size=0)
     with pytest.raises(ValueError, match="tensor_parallel_size=2: cpus"):
         EngineConfig(ModelConfig("m"), tensor_parallel_size=2, cpus=(0,))
+
+
+def test_cuda_ranks_join_over_nccl_one_gpu_each_and_need_n_gpus(tmp_path, monkeypatch):
+    import torch
+    import transformers
+
+    from paternoster.engine.tp_worker import backend_for
+
+    assert (backend_for("cuda"), backend_for("cpu")) == ("nccl", "gloo")
+    config = build_engine_config(_save(tmp_path, transformers.LlamaConfig(**SMALL)),
+                                 tensor_parallel_size=2, device="cuda")
+    assert config.model.device == "cuda"  # accepted: rank r runs on GPU r
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="tensor_parallel_size=2: device cuda runs rank r on "
+                                         "GPU r and needs 2 GPUs; torch sees 1"):
+        check_model(config)
 
 
 def _save(tmp_path, cfg) -> str:

@@ -121,6 +121,8 @@ def _check_layers(tp: TPGroup) -> None:
     logits = ParallelLMHead.from_full(table, tp)(x)
     assert logits.shape == (5, 11) and logits.dtype == torch.float32
     torch.testing.assert_close(logits, F.linear(x, table), atol=1e-5, rtol=1e-5)
+    # Each rank offers its own count (e.g. KV blocks from its free memory): all get the least.
+    assert tp.min_over_ranks(100 + 7 * tp.rank) == 100
 
 
 @pytest.mark.multiprocess

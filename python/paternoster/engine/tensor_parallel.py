@@ -1,6 +1,10 @@
-"""Serving with tensor parallel on CPU (``--tensor-parallel-size N``): the
-engine is rank 0 and starts ranks 1..N-1 as worker processes
-(:mod:`paternoster.engine.tp_worker`).
+"""Serving with tensor parallel (``--tensor-parallel-size N``): the engine is
+rank 0 and starts ranks 1..N-1 as worker processes
+(:mod:`paternoster.engine.tp_worker`). On ``--device cpu`` the ranks' group
+is gloo over 127.0.0.1; on ``--device cuda`` it is NCCL, rank r on GPU r
+(N GPUs needed), without CUDA graphs, each rank's KV blocks the least any
+rank's free memory holds. What follows says "gloo"; NCCL takes its place on
+GPUs.
 
 Rank 0 decides, the others follow: the scheduler, the KV cache manager and the
 sampler stay single, on rank 0. Each step, :class:`TensorParallelRunner` (the
@@ -63,6 +67,7 @@ from paternoster.engine.tp_worker import (
     HOST,
     JOIN_TIMEOUT_S,
     STEP_TIMEOUT_S,
+    join_group,
     joined_key,
     ready_key,
     runner_kwargs,
@@ -118,13 +123,17 @@ def check_model(config: EngineConfig) -> None:
     """Refuse, before any worker starts, what the split model does not run.
 
     Raises:
-        ValueError: starting ``tensor_parallel_size=N:``, for a GGUF file, a
-            quantized checkpoint, an architecture other than Llama, Mistral,
-            Qwen2 and Qwen3 dense (MoE included), or head counts /
-            ``intermediate_size`` that are not multiples of N.
+        ValueError: starting ``tensor_parallel_size=N:``, for fewer than N
+            GPUs on ``device="cuda"``, a GGUF file, a quantized checkpoint,
+            an architecture other than Llama, Mistral, Qwen2 and Qwen3 dense
+            (MoE included), or head counts / ``intermediate_size`` that are
+            not multiples of N.
     """
     n, path = config.tensor_parallel_size, config.model.model
     prefix = f"tensor_parallel_size={n}:"
+    if config.model.device == "cuda" and torch.cuda.device_count() < n:
+        raise ValueError(f"{prefix} device cuda runs rank r on GPU r and needs {n} GPUs; "
+                         f"torch sees {torch.cuda.device_count()}")
     if is_gguf(path):
         raise ValueError(f"{prefix} GGUF files are not supported (each rank loads its shard "
                          "of a safetensors checkpoint)")
@@ -185,14 +194,13 @@ class RankWorkers:
                 write_all(proc.stdin.fileno(), frame, JOIN_TIMEOUT_S)
             self._wait(joined_key, JOIN_TIMEOUT_S, "starting")
             self.store.set(GO_KEY, "1")  # all there: every rank joins the group now
-            dist.init_process_group("gloo", store=self.store, rank=0, world_size=n,
-                                    timeout=timedelta(seconds=STEP_TIMEOUT_S))
+            backend = join_group(self.store, 0, n, config.model.device)
         except BaseException:
             kill_all(self.procs)
             raise
         self._in_group = True  # this handle's group: stop() destroys it once
         self.tp = TPGroup(rank=0, size=n)
-        logger.info("tensor parallel: %d ranks over gloo, workers %s", n,
+        logger.info("tensor parallel: %d ranks over %s, workers %s", n, backend,
                     ", ".join(f"rank {r} pid {p.pid}" for r, p in enumerate(self.procs, 1)))
 
     def check_alive(self, during: str) -> None:

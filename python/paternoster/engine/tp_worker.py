@@ -56,6 +56,33 @@ HOST = "127.0.0.1"
 GO_KEY = "tp/go"
 
 
+def backend_for(device: str) -> str:
+    """The torch.distributed backend of ranks on ``device`` (an
+    :class:`~paternoster.config.ModelConfig` device): ``"nccl"`` for
+    ``"cuda"``, ``"gloo"`` otherwise."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def join_group(store, rank: int, size: int, device: str) -> str:
+    """Join the tensor-parallel process group through ``store``; on CUDA first
+    make GPU ``rank`` this process's current device (NCCL and the runner use
+    it). Returns the backend.
+
+    Raises:
+        RuntimeError: what ``init_process_group`` raises (no such GPU, a rank
+            missing within :data:`STEP_TIMEOUT_S`).
+    """
+    import torch
+    import torch.distributed as dist
+
+    backend = backend_for(device)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                            timeout=timedelta(seconds=STEP_TIMEOUT_S))
+    return backend
+
+
 def joined_key(rank: int) -> str:
     """The store key a worker sets once connected, before joining the group."""
     return f"tp/joined/{rank}"
@@ -116,8 +143,7 @@ def run_worker(rank: int, size: int, port: int, num_threads: int, cpus: tuple[in
                           timeout=timedelta(seconds=2 * JOIN_TIMEOUT_S))
     store.set(joined_key(rank), "1")
     store.wait([GO_KEY])  # the slowest worker has connected too
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
-                            timeout=timedelta(seconds=STEP_TIMEOUT_S))
+    join_group(store, rank, size, config.model.device)
     try:
         try:
             runner = ModelRunner(config.model, config.cache, tp=TPGroup(rank, size),

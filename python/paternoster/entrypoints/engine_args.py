@@ -112,15 +112,17 @@ def build_engine_config(
         timeline_size: engine steps the request timeline keeps (0 = off).
         timeline_sample_rate: fraction of requests the timeline records.
         timeline_max_requests: requests the timeline keeps (default: ``timeline_size``).
-        tensor_parallel_size: ranks the model is split over (CPU, gloo; the
-            engine is rank 0 and starts N-1 worker processes; see
+        tensor_parallel_size: ranks the model is split over (gloo on
+            ``cpu``, NCCL on ``cuda`` with rank r on GPU r; the engine is
+            rank 0 and starts N-1 worker processes; see
             :mod:`paternoster.engine.tensor_parallel`). ``num_threads`` is
             then per rank (auto: the usable cores split between the ranks).
     Returns:
         The validated config.
     Raises:
         ValueError: a value out of range (the message names it), or
-            ``tensor_parallel_size`` > 1 with a device other than ``cpu``,
+            ``tensor_parallel_size`` > 1 with a device other than ``cpu``
+            and ``cuda``,
             ``load_format="dummy"`` or ``batch_invariant`` (the model's own
             limits are checked when the engine starts).
     """
@@ -323,7 +325,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
         "--tensor-parallel-size", "-tp", type=positive_int, default=1, metavar="N",
-        help="split the model over N ranks (CPU, over gloo: the engine process is rank 0 "
+        help="split the model over N ranks (over gloo on --device cpu, over NCCL with "
+             "rank r on GPU r on --device cuda: the engine process is rank 0 "
              "and starts N-1 worker processes; Llama/Mistral/Qwen2/Qwen3 dense safetensors "
              "checkpoints; --num-threads is then per rank, auto splits the cores between "
              "the ranks, each pinned to its own; docs/tensor_parallel.md)",

@@ -79,8 +79,10 @@ class ModelRunner:
         max_num_seqs: CUDA: most sequences of a step (workspace, graph sizes).
         max_num_batched_tokens: CUDA: token budget of a step (profiling).
         tp: the tensor-parallel group this runner is one rank of (None: the
-            whole model here). With ``tp.size > 1`` (CPU, safetensors
-            weights, Llama/Qwen2/Qwen3 dense) the runner holds its shard
+            whole model here). With ``tp.size > 1`` (safetensors weights,
+            Llama/Qwen2/Qwen3 dense; on CUDA rank r runs on GPU r over NCCL,
+            its KV blocks the least any rank's free memory holds, without
+            CUDA graphs) the runner holds its shard
             (:class:`~paternoster.model.parallel.tp_model.TensorParallelCausalLM`)
             and a KV cache of ``Hkv / tp.size`` heads; every rank must run
             :meth:`compute_logits` on the same batch, and each gets the full logits.
@@ -107,7 +109,7 @@ class ModelRunner:
 
     Raises:
         ValueError: unsupported architecture or dtype; a tensor-parallel
-            group on CUDA, with dummy weights or with sizes that do not
+            group with dummy weights, batch-invariant, or with sizes that do not
             split over it; a KV cache budget too
             small for one block; ``max_model_len`` above the model's
             ``max_position_embeddings``; CUDA requested without a GPU or
@@ -145,13 +147,12 @@ class ModelRunner:
         self.num_state_slots = max_num_seqs if self.kv_layout.num_recurrent_layers else 0
         self._max_chunk = max_num_batched_tokens
         ops = attn_ops if attn_ops is not None else default_attention_ops()
-        if self.tp is not None and (self.device.type != "cpu"
-                                    or model_config.load_format == "dummy"
+        if self.tp is not None and (model_config.load_format == "dummy"
                                     or model_config.batch_invariant):
-            raise ValueError("tensor parallel runs on CPU with safetensors weights, not "
-                             "batch-invariant, here; "
-                             f"got device {self.device}, load_format "
-                             f"{model_config.load_format!r}")
+            raise ValueError("tensor parallel runs with safetensors weights, not "
+                             "batch-invariant; got load_format "
+                             f"{model_config.load_format!r}, batch_invariant "
+                             f"{model_config.batch_invariant}")
         if self.device.type == "cuda":
             self._init_cuda(model_config, cache_config, ops, attn_ops is None, max_num_seqs,
                             max_num_batched_tokens)
@@ -332,7 +333,9 @@ class ModelRunner:
         """Weights on the GPU, workspace, KV cache sized from free memory, graphs."""
         if not torch.cuda.is_available():
             raise ValueError(f"device {self.device} requested but torch sees no CUDA GPU")
-        if self.device.index is None:
+        if self.tp is not None:  # rank r on GPU r (its process set it as current)
+            self.device = torch.device("cuda", self.tp.rank)
+        elif self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         cfg = self.hf_config
         if own_kernels:
@@ -340,16 +343,19 @@ class ModelRunner:
                 raise ValueError("device cuda needs the CUDA kernels (paternoster._cuda_ops), "
                                  "which this build does not have: install with nvcc on PATH")
         cap = self._context_cap(model_config)
-        if model_config.load_format == "dummy":
+        if self.tp is not None:
+            self.model = load_tp_model(self.model_dir, cfg, self.dtype, ops, self.tp,
+                                       max_positions=cap, device=self.device)
+        elif model_config.load_format == "dummy":
             self.model = dummy_model(cfg, self.dtype, ops, cap, self.device)
         else:
             self.model = load_model(self.model_dir, cfg, self.dtype, ops, max_positions=cap,
                                     device=self.device)
         if own_kernels:
             self._kernel_hints = True
+            num_heads = cfg.num_attention_heads // (self.tp.size if self.tp is not None else 1)
             self.workspace = kernels.alloc_decode_workspace(
-                self.device, max_num_seqs, cfg.num_attention_heads, self.num_kv_heads,
-                self.head_dim, cap,
+                self.device, max_num_seqs, num_heads, self.num_kv_heads, self.head_dim, cap,
             )
         if cache_config.num_kv_blocks is not None:
             self.num_kv_blocks = cache_config.num_kv_blocks
@@ -365,6 +371,9 @@ class ModelRunner:
         if model_config.cuda_graphs and self.num_state_slots:
             logger.info("CUDA graphs off: the linear-attention layers' state update reads "
                         "the batch on the host")
+        elif model_config.cuda_graphs and self.tp is not None:
+            logger.info("CUDA graphs off: tensor parallel's NCCL all-reduces are not "
+                        "captured (each decode step launches its kernels)")
         elif model_config.cuda_graphs:
             from paternoster.model.cuda_graphs import DecodeGraphs
 
@@ -417,6 +426,8 @@ class ModelRunner:
         outside_torch = total - free - torch.cuda.memory_reserved(dev)
         budget = utilization * total - peak - outside_torch - self.state_bytes()
         blocks = int(budget // self.bytes_per_block())
+        if self.tp is not None:  # every rank's cache holds the same block ids
+            blocks = self.tp.min_over_ranks(blocks)
         gib = 1 << 30
         logger.info(
             "GPU memory: total %.1f GiB, x %.2f; torch peak (weights + %d-token step) %.1f GiB, "

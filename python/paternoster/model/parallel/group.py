@@ -62,3 +62,19 @@ class TPGroup:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)
+
+    def min_over_ranks(self, value: int) -> int:
+        """The smallest of every rank's ``value`` (each rank calls this with
+        its own): what all ranks can agree on, e.g. KV blocks sized from each
+        GPU's free memory. ``value`` itself for ``size == 1``.
+
+        The scalar travels as an int64 tensor on the backend's device (the
+        current CUDA device for NCCL, the CPU for gloo)."""
+        if self.size == 1:
+            return value
+        nccl = dist.get_backend(self.group) == "nccl"
+        x = torch.tensor([value], dtype=torch.int64,
+                         device=torch.device("cuda", torch.cuda.current_device()) if nccl
+                         else "cpu")
+        dist.all_reduce(x, op=dist.ReduceOp.MIN, group=self.group)
+        return int(x.item())
