@@ -31,6 +31,10 @@ def test_dry_run_writes_the_table(tmp_path):
     checks = {row["check"]: row["status"] for row in data["table"]}
     assert checks["imports (no HTTP/ZMQ modules)"] == "PASS"
     assert checks["e2e decode batch 256"] == "n/a"
+    # The tensor-parallel phase's own code over gloo: layers, split model vs HF, LLM TP=2.
+    tp = {name: s for name, s in checks.items() if name.startswith("TP=2 gloo")}
+    assert len(tp) == 6 and set(tp.values()) == {"PASS"}, tp
+    assert "TP=2 gloo: LLM greedy vs TP=1" in tp
     assert proc.stdout.rstrip().splitlines()[-1].startswith("wrote ")
     assert "roofline step" in proc.stdout
 
