@@ -113,6 +113,7 @@ class CapacityPlan:
     slo_itl_p95: float = 0.2
     mix: str = CPU_MIX
     seed: int = 0
+    factor: float = 2.0  # ramp multiplier
 
     def command(self, url: str, max_model_len: int, out_json: Path) -> list[str]:
         """The ``paternoster bench capacity`` command line against ``url``.
@@ -121,7 +122,8 @@ class CapacityPlan:
         runs of docs/benchmarks.md): both servers get the same prompt texts."""
         return [
             paternoster_cli(), "bench", "capacity", "--base-url", url, "--mode", "rate",
-            "--start", f"{self.start:g}", "--probe-duration", f"{self.probe_duration:g}",
+            "--start", f"{self.start:g}", "--factor", f"{self.factor:g}",
+            "--probe-duration", f"{self.probe_duration:g}",
             "--probe-requests", str(self.probe_requests), "--max-duration",
             f"{self.max_duration:g}", "--bisect-rounds", str(self.bisect_rounds),
             "--warmup", str(self.warmup), "--timeout", f"{self.request_timeout:g}",

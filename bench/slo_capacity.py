@@ -226,18 +226,30 @@ PROBE_HEAD = ("| mix | policy | req/s | p95 TTFT measured (s) | sim (s) | p95 IT
 TIMELINE_STEPS = 40000
 
 
+#: With ``--real-from-sim``: the real search starts at this share of the
+#: simulator's capacity and ramps by :data:`NEAR_FACTOR`, so that its probes
+#: land near the answer and bisect to a narrow bracket in the same time.
+NEAR_START, NEAR_FACTOR = 0.8, 1.25
+
+
 def real_capacity(policy: Policy, mix: str, args: argparse.Namespace,
-                  out_dir: Path) -> tuple[dict, dict | None]:  # fmt: skip
+                  out_dir: Path, sim: float | None = None) -> tuple[dict, dict | None]:
     """Start ``paternoster serve`` with ``policy`` and search its capacity with
-    ``paternoster bench capacity``.
+    ``paternoster bench capacity``: from ``args.start`` doubling, or with
+    ``args.real_from_sim`` and a simulator capacity ``sim``, from
+    ``NEAR_START * sim`` by ``NEAR_FACTOR`` (the search itself, pass or fail
+    per probe, is the same).
 
     Returns:
         (the search JSON it writes, and with ``args.fit_timeline`` the server's
         timeline snapshot taken after the search (saved next to the JSON), else
         ``None``).
     """
+    near = args.real_from_sim and sim is not None
     plan = peer_servers.CapacityPlan(
-        start=args.start, probe_duration=args.probe_duration, probe_requests=args.probe_requests,
+        start=round(NEAR_START * sim, 2) if near else args.start,
+        factor=NEAR_FACTOR if near else 2.0, probe_duration=args.probe_duration,
+        probe_requests=args.probe_requests,
         max_duration=args.max_duration, bisect_rounds=args.real_bisect_rounds,
         warmup=args.warmup, slo_ttft_p95=args.slo_ttft_p95, slo_itl_p95=args.slo_itl_p95,
         mix=mix, seed=args.seed,
@@ -361,6 +373,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--real", action="store_true", help="also measure on the real server")
     g.add_argument("--num-threads", type=int, default=1, help="engine threads (and calibration)")
     g.add_argument("--real-bisect-rounds", type=int, default=3)
+    g.add_argument("--real-from-sim", action="store_true",
+                   help=f"start each real search at {NEAR_START:g} x the simulator's capacity, "
+                        f"ramping by {NEAR_FACTOR:g} (a narrower bracket in the same time)")
     g.add_argument("--max-duration", type=float, default=900.0, help="seconds per search")
     g.add_argument("--warmup", type=int, default=4, help="warm-up requests per server")
     g.add_argument("--serve-args", default="", help="more `paternoster serve` flags, one string")
@@ -459,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.real:
             for p in contenders:
                 try:
-                    search, snapshot = real_capacity(p, mixes[mix], args, out_dir / mix)
+                    search, snapshot = real_capacity(p, mixes[mix], args, out_dir / mix,
+                                                     sim[p.label])
                 except (RuntimeError, ValueError) as e:
                     print(f"real {mix} {p.label}: {e}", file=sys.stderr)
                     return 1

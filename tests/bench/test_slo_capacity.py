@@ -149,3 +149,14 @@ def test_the_server_fit_of_a_simulated_server_predicts_what_that_simulator_measu
     assert record["cost_model"]["a_decode"] == pytest.approx(true.a_decode, rel=1e-6)
     assert row.count("|") == FIT_HEAD.splitlines()[0].count("|")
     assert f"| long | chunked_prefill 256 | {measured.capacity:g} | - | " in row
+
+
+def test_the_capacity_plan_passes_its_ramp_factor_to_bench_capacity(tmp_path):
+    """--real-from-sim ramps by 1.25 from near the simulator's answer: the
+    factor must reach `paternoster bench capacity`, whose parser accepts it."""
+    from paternoster.bench.peer_servers import CapacityPlan
+    from paternoster.entrypoints.cli import make_parser
+
+    cmd = CapacityPlan(start=2.1, factor=1.25).command("http://h:1", 2048, tmp_path / "x.json")
+    args = make_parser().parse_args(cmd[1:])
+    assert (args.start, args.factor) == (2.1, 1.25)
