@@ -27,7 +27,9 @@ def resolve_engine_threads(config: EngineConfig, tp: bool) -> tuple[EngineConfig
             and starts the others.
     Returns:
         ``config`` with the resolved ``num_threads`` (and, with ``tp``, every
-        rank's share planned), and the choice.
+        rank's share planned), and the choice. On CPU it also logs the core's
+        SIMD variants, with a warning when ``PATERNOSTER_CPU_ISA`` named one
+        it could not apply.
     Raises:
         ValueError: ``PATERNOSTER_NUM_THREADS`` not an int >= 1.
     """
@@ -45,6 +47,13 @@ def resolve_engine_threads(config: EngineConfig, tp: bool) -> tuple[EngineConfig
         threads = resolve_threads(config.num_threads, reserve_frontend=False)
     if config.num_threads != threads.num_threads:
         config = dataclasses.replace(config, num_threads=threads.num_threads)
+    if config.model.device == "cpu":  # which SIMD code the kernels run, said once
+        from paternoster.kernels.cpu import simd_variants
+
+        simd, warning = simd_variants()
+        logger.info("CPU kernels: %s", simd)
+        if warning:
+            logger.warning("%s", warning)
     return config, threads
 
 

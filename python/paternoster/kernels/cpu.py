@@ -12,6 +12,9 @@ Work is spread over :func:`set_num_threads` threads.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +48,32 @@ WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4
 #: GEMM. Without AVX-512 BF16 the core multiplies in float32 (not re-measured
 #: since): the earlier, more cautious 8 rows.
 DENSE_CORE_MAX_TOKENS = 128 if _core.linear_isa() == "avx512bf16" else 8
+
+
+#: The values ``$PATERNOSTER_CPU_ISA`` may name (the attention kernel's
+#: variants, best first; the linear kernel follows the attention one, upgraded
+#: to ``avx512bf16`` where the CPU has AVX-512 BF16).
+CPU_ISA_NAMES = ("avx512", "avx2", "baseline")
+
+
+def simd_variants(environ: Mapping[str, str] = os.environ) -> tuple[str, str | None]:
+    """The core's SIMD variants in use, for the start-up log.
+
+    Returns:
+        ``("attention avx512, linear avx512bf16", None)``, or with a warning
+        as the second item when ``PATERNOSTER_CPU_ISA`` (read by the core once)
+        named a variant that is unknown or that this CPU/build cannot run, and
+        so was not applied.
+    """
+    attention, linear = _core.attention_isa(), _core.linear_isa()
+    text = f"attention {attention}, linear {linear}"
+    want = environ.get("PATERNOSTER_CPU_ISA")
+    if want is None or want == attention:
+        return text, None
+    why = ("is not a variant" if want not in CPU_ISA_NAMES
+           else "is not available on this CPU or in this build")
+    return text, (f"PATERNOSTER_CPU_ISA={want!r} {why} (one of {', '.join(CPU_ISA_NAMES)}); "
+                  f"ignored, using {text}")
 
 
 def core_runs_matmuls(num_tokens: int) -> bool:
