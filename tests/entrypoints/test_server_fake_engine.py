@@ -84,6 +84,22 @@ def test_unencodable_values_get_400_and_the_server_keeps_serving(fake_server, bo
     assert ok.status_code == 200
 
 
+def test_a_json_body_sent_without_the_json_content_type_is_a_400_naming_the_header(
+        fake_server):
+    # curl -d sends application/x-www-form-urlencoded unless told otherwise.
+    body = json.dumps({"prompt": "hi", "max_tokens": 2})
+    r = httpx.post(fake_server.url + "/v1/completions", content=body, timeout=10,
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == (
+        "The request body must be JSON, sent with the header Content-Type: application/json "
+        "(got Content-Type: application/x-www-form-urlencoded)")
+    # application/*+json is JSON too.
+    ok = httpx.post(fake_server.url + "/v1/completions", content=body, timeout=10,
+                    headers={"content-type": "application/vnd.api+json"})
+    assert ok.status_code == 200, ok.text
+
+
 def test_surrogate_in_chat_content_is_400(fake_server):
     body = {"messages": [{"role": "user", "content": "\ud800"}], "max_tokens": 2}
     r = httpx.post(

@@ -85,14 +85,22 @@ def _generation_responses(model: type) -> dict:
     return {200: ok, **ERROR_RESPONSES}
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """One readable line and the top-level parameter from pydantic's errors."""
+def _validation_message(exc: RequestValidationError,
+                        content_type: str | None = None) -> tuple[str, str | None]:
+    """One readable line and the top-level parameter from pydantic's errors;
+    a body that was not read as JSON because ``content_type`` is not JSON
+    (e.g. curl's default form type) is named as such."""
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     first = errors[0]
     if first.get("type") == "json_invalid":
         return f"Invalid JSON body: {first.get('msg', '')}", None
+    media = (content_type or "").split(";")[0].strip().lower()
+    if (tuple(first.get("loc", ())) == ("body",) and media
+            and not (media == "application/json" or media.endswith("+json"))):
+        return (f"The request body must be JSON, sent with the header Content-Type: "
+                f"application/json (got Content-Type: {media})"), None
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = loc[0] if loc else None
     msg = first.get("msg", "invalid value")
@@ -165,8 +173,8 @@ def build_app(
         return error_response(503, str(exc), headers={"Retry-After": str(exc.retry_after)})
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc, request.headers.get("content-type"))
         return error_response(400, message, param)
 
     @app.exception_handler(ClientDisconnected)
