@@ -116,3 +116,13 @@ def test_cli_out_that_is_a_file_is_an_input_error(tmp_path, capsys):
     blocker.write_text("")
     assert main(["--mix", "--unit-cost", "--no-plot", "--out", str(blocker)]) == 2
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--cost-model", "--trace"])
+def test_cli_missing_input_file_fails_before_making_the_out_folder(tmp_path, capsys, flag):
+    out = tmp_path / "out"
+    args = ["--num-requests", "4", "--no-plot", flag, str(tmp_path / "missing.json"),
+            "--out", str(out)]  # fmt: skip
+    assert main(args if flag == "--trace" else ["--mix", *args]) == 2
+    assert "missing.json" in capsys.readouterr().err
+    assert not out.exists()

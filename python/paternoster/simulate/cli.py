@@ -139,9 +139,7 @@ def _cost_model(args: argparse.Namespace, out: Path) -> CostModel:
         fit = fit_timeline(load_snapshot(args.fit_timeline),
                            source=f"fitted to the timeline of {args.fit_timeline}")
         return _saved(fit.report(), fit.cost_model, args, out)
-    if args.cost_model:
-        return CostModel.load(args.cost_model)
-    return DEFAULT_COST_MODEL
+    return DEFAULT_COST_MODEL  # a --cost-model file to read is loaded by run()
 
 
 def _writable_dir(path: Path, what: str) -> None:
@@ -200,15 +198,17 @@ def run(args: argparse.Namespace) -> int:
                         max_num_batched_tokens=args.max_num_batched_tokens)
         if args.trace is None and not args.mix and not args.calibrate and args.fit_timeline is None:
             raise ValueError("give --trace PATH or --mix (or --calibrate / --fit-timeline)")
+        # Inputs that are read fail before --out is made.
+        makes_model = args.calibrate or args.fit_timeline is not None
+        given = CostModel.load(args.cost_model) if args.cost_model and not makes_model else None
+        trace = load_trace(args.trace) if args.trace is not None else None
         _writable_dir(out, "--out")
-        if args.cost_model and (args.calibrate or args.fit_timeline is not None):
+        if args.cost_model and makes_model:
             _writable_dir(Path(args.cost_model).parent, "--cost-model's folder")
-        cost_model = _cost_model(args, out)
+        cost_model = given if given is not None else _cost_model(args, out)
         if args.trace is None and not args.mix:
             return 0
-        if args.trace is not None:
-            trace = load_trace(args.trace)
-        else:
+        if trace is None:
             trace = synthetic_mix(args.num_requests, args.rate, args.seed, args.max_model_len)
         save_trace(trace, out / "trace.jsonl")
         results: list[SimulationResult] = []
