@@ -2,6 +2,7 @@
 #
 #   make serve            serve the embedded default model on http://127.0.0.1:8000
 #   make serve MODEL=dir  serve a local HF model directory
+#   make serve PORT=8391  on another port (SERVE_ARGS="..." for any other serve flag)
 #   make test             build the C++ core, run ctest, ruff and pytest
 #   make bench            offline throughput vs HF transformers (docs/benchmarks.md)
 #   make peers            Paternoster vs llama.cpp on this CPU (builds llama.cpp; long; not in test)
@@ -51,7 +52,7 @@ $(VENV)/.installed: $(VENV)/.deps $(CORE_SOURCES) constraints.txt
 install: $(VENV)/.installed
 
 serve: install
-	$(BIN)/paternoster serve $(MODEL) $(SERVE_ARGS)
+	$(BIN)/paternoster serve $(MODEL) $(if $(PORT),--port $(PORT)) $(SERVE_ARGS)
 
 test-cpp:
 	cmake -S . -B $(CTEST_BUILD) -DPATERNOSTER_BUILD_TESTS=ON -DPATERNOSTER_BUILD_PYTHON=OFF \

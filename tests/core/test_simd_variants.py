@@ -35,6 +35,10 @@ def test_a_variant_this_cpu_runs_is_applied_without_a_warning():
     assert text.startswith("attention baseline, linear ")
 
 
+def test_an_empty_value_means_unset():
+    assert _run("") == _run(None) and _run("")[2] is None
+
+
 @pytest.mark.parametrize("isa", ["bogus", "AVX2"])
 def test_an_unknown_name_is_warned_about_and_the_best_variant_kept(isa):
     best = _run(None)[0]

@@ -126,3 +126,20 @@ def test_cli_missing_input_file_fails_before_making_the_out_folder(tmp_path, cap
     assert main(args if flag == "--trace" else ["--mix", *args]) == 2
     assert "missing.json" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("bad", [["--num-requests", "0"], ["--rate", "-1"],
+                                 ["--max-model-len", "0"], ["--num-kv-blocks", "0"],
+                                 ["--block-size", "0"]])
+def test_cli_bad_setting_leaves_no_out_folder_behind(tmp_path, capsys, bad):
+    out = tmp_path / "out"
+    rc = main(["--mix", "--num-requests", "4", "--no-plot", "--unit-cost", *bad,
+               "--out", str(out)])  # fmt: skip
+    assert rc == 2 and "error:" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_input_error_keeps_an_out_folder_that_was_there(tmp_path, capsys):
+    (tmp_path / "earlier.json").write_text("{}")
+    assert main(["--mix", "--num-requests", "0", "--out", str(tmp_path)]) == 2
+    assert (tmp_path / "earlier.json").exists()

@@ -68,7 +68,7 @@ def simd_variants(environ: Mapping[str, str] = os.environ) -> tuple[str, str | N
     attention, linear = _core.attention_isa(), _core.linear_isa()
     text = f"attention {attention}, linear {linear}"
     want = environ.get("PATERNOSTER_CPU_ISA")
-    if want is None or want == attention:
+    if not want or want == attention:  # unset or empty: the best variant
         return text, None
     why = ("is not a variant" if want not in CPU_ISA_NAMES
            else "is not available on this CPU or in this build")

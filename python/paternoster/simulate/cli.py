@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -175,12 +176,14 @@ def run(args: argparse.Namespace) -> int:
     """Run the simulator with parsed arguments.
 
     Returns:
-        0 on success, 2 on a usage or input error (printed to stderr).
+        0 on success, 2 on a usage or input error (printed to stderr; an
+        input error leaves no ``--out`` folder this run made).
     """
     from paternoster.simulate.executor import simulate
     from paternoster.simulate.trace import load_trace, save_trace, synthetic_mix
 
     out = Path(args.out)
+    made_out = not out.exists()  # an input error removes the folder this run made
     try:
         if args.cost_model is not None and not args.cost_model.strip():
             raise ValueError(f"--cost-model needs a JSON file's path, got {args.cost_model!r}")
@@ -202,14 +205,14 @@ def run(args: argparse.Namespace) -> int:
         makes_model = args.calibrate or args.fit_timeline is not None
         given = CostModel.load(args.cost_model) if args.cost_model and not makes_model else None
         trace = load_trace(args.trace) if args.trace is not None else None
+        if trace is None and args.mix:
+            trace = synthetic_mix(args.num_requests, args.rate, args.seed, args.max_model_len)
         _writable_dir(out, "--out")
         if args.cost_model and makes_model:
             _writable_dir(Path(args.cost_model).parent, "--cost-model's folder")
         cost_model = given if given is not None else _cost_model(args, out)
-        if args.trace is None and not args.mix:
-            return 0
         if trace is None:
-            trace = synthetic_mix(args.num_requests, args.rate, args.seed, args.max_model_len)
+            return 0
         save_trace(trace, out / "trace.jsonl")
         results: list[SimulationResult] = []
         for name in names:
@@ -230,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
                 plot_gantt(res, out / f"{name}.png", x=args.gantt_x)
             results.append(res)
     except (ValueError, RuntimeError) as e:
+        if isinstance(e, ValueError) and made_out and out.is_dir():
+            shutil.rmtree(out, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         return 2
     table = format_table(results)
