@@ -524,6 +524,36 @@ def paged_batch(seqs: list[list[int]], starts: list[int], counts: list[int], blo
             "logits_indices": np.array(last, np.int64)}
 
 
+def greedy_steps(step, seqs: list[list[int]], steps: int, block_size: int,
+                 blocks_per_seq: int) -> list[torch.Tensor]:
+    """A prefill of every sequence whole, then ``steps`` greedy decode steps,
+    each through ``step`` (a runner's ``execute_model`` / ``compute_logits``
+    on :func:`paged_batch` arrays); the chosen ids are appended to ``seqs``.
+    Returns each step's ``[len(seqs), V]`` logits."""
+    lens = [len(s) for s in seqs]
+    logits = [step(paged_batch(seqs, [0] * len(seqs), lens, block_size, blocks_per_seq))]
+    for _ in range(steps):
+        for seq, tok in zip(seqs, logits[-1].argmax(-1).tolist()):
+            seq.append(tok)
+        logits.append(step(paged_batch(seqs, [len(s) - 1 for s in seqs], [1] * len(seqs),
+                                       block_size, blocks_per_seq)))
+    return logits
+
+
+def rel_errors(hf, seqs: list[list[int]], lens: list[int], logits: list[torch.Tensor],
+               device) -> list[float]:
+    """Per sequence, ``||ours - ref|| / ||ref||`` of the logits ``greedy_steps``
+    returned against HF ``hf``'s forward over the whole generated sequence
+    (positions ``lens[b] - 1`` on, float32)."""
+    errs = []
+    with torch.inference_mode():
+        for b, (seq, n) in enumerate(zip(seqs, lens)):
+            ref = hf(torch.tensor([seq], device=device)).logits[0, n - 1:].float()
+            ours = torch.stack([step[b] for step in logits]).to(device)
+            errs.append(float((ours - ref).norm() / ref.norm()))
+    return errs
+
+
 def check_model_path(seed: int, steps: int = 12, device: str = "cuda",
                      attn_ops=None) -> dict:
     """The whole GPU model path on a tiny random Llama (safetensors via
@@ -553,18 +583,8 @@ def check_model_path(seed: int, steps: int = 12, device: str = "cuda",
     g = torch.Generator().manual_seed(seed)
     lens = [5, 60, 200, 17, 1]
     seqs = [torch.randint(0, TINY_LLAMA["vocab_size"], (n,), generator=g).tolist() for n in lens]
-    logits = [runner.execute_model(paged_batch(seqs, [0] * 5, lens, bs, per_seq))]
-    for _ in range(steps):
-        for seq, tok in zip(seqs, logits[-1].argmax(-1).tolist()):
-            seq.append(tok)
-        starts = [len(s) - 1 for s in seqs]
-        logits.append(runner.execute_model(paged_batch(seqs, starts, [1] * 5, bs, per_seq)))
-    errs = []
-    with torch.inference_mode():
-        for b, (seq, n) in enumerate(zip(seqs, lens)):
-            ref = hf(torch.tensor([seq], device=device)).logits[0, n - 1:].float()
-            ours = torch.stack([step[b] for step in logits]).to(device)
-            errs.append(float((ours - ref).norm() / ref.norm()))
+    logits = greedy_steps(runner.execute_model, seqs, steps, bs, per_seq)
+    errs = rel_errors(hf, seqs, lens, logits, device)
     worst = max(errs)
     return {"rel_err_per_seq": errs, "rel_err": worst, "ok": worst < 5e-2,
             "graphs": runner.graphs is not None}

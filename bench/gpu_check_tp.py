@@ -117,7 +117,7 @@ def _model_rank(rank: int, port: int, backend: str, model_dir: str, out: str) ->
     """Rank ``rank`` of check 2; rank 0 writes the errors and both ranks' KV
     block counts to ``out``."""
     import torch.distributed as dist
-    from gpu_check import paged_batch
+    from gpu_check import greedy_steps, rel_errors
 
     from paternoster.config import CacheConfig, ModelConfig
     from paternoster.model.parallel import TPGroup
@@ -140,22 +140,12 @@ def _model_rank(rank: int, port: int, backend: str, model_dir: str, out: str) ->
     g = torch.Generator().manual_seed(1)
     lens = [5, 60, 200, 17, 1]
     seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
-    logits = [runner.compute_logits(paged_batch(seqs, [0] * 5, lens, bs, per_seq))]
-    for _ in range(8):
-        for seq, tok in zip(seqs, logits[-1].argmax(-1).tolist()):
-            seq.append(tok)
-        logits.append(runner.compute_logits(
-            paged_batch(seqs, [len(s) - 1 for s in seqs], [1] * 5, bs, per_seq)))
+    logits = greedy_steps(runner.compute_logits, seqs, 8, bs, per_seq)
     if rank == 0:
         from transformers import LlamaForCausalLM
 
         hf = LlamaForCausalLM.from_pretrained(model_dir).float().to(device).eval()
-        errs = []
-        with torch.inference_mode():
-            for b, (seq, n) in enumerate(zip(seqs, lens)):
-                ref = hf(torch.tensor([seq], device=device)).logits[0, n - 1:].float()
-                ours = torch.stack([step[b] for step in logits]).to(device)
-                errs.append(float((ours - ref).norm() / ref.norm()))
+        errs = rel_errors(hf, seqs, lens, logits, device)
         Path(out).write_text(json.dumps({
             "rel_err_per_seq": errs, "num_kv_blocks": [int(b) for b in blocks],
             "graphs": runner.graphs is not None}))
