@@ -140,7 +140,9 @@ def _cost_model(args: argparse.Namespace, out: Path) -> CostModel:
         fit = fit_timeline(load_snapshot(args.fit_timeline),
                            source=f"fitted to the timeline of {args.fit_timeline}")
         return _saved(fit.report(), fit.cost_model, args, out)
-    return DEFAULT_COST_MODEL  # a --cost-model file to read is loaded by run()
+    if args.cost_model:
+        return CostModel.load(args.cost_model)
+    return DEFAULT_COST_MODEL
 
 
 def _writable_dir(path: Path, what: str) -> None:
@@ -177,13 +179,14 @@ def run(args: argparse.Namespace) -> int:
 
     Returns:
         0 on success, 2 on a usage or input error (printed to stderr; an
-        input error leaves no ``--out`` folder this run made).
+        input error removes an ``--out`` folder this run made that holds
+        nothing but the trace).
     """
     from paternoster.simulate.executor import simulate
     from paternoster.simulate.trace import load_trace, save_trace, synthetic_mix
 
     out = Path(args.out)
-    made_out = not out.exists()  # an input error removes the folder this run made
+    made_out = not out.exists()
     try:
         if args.cost_model is not None and not args.cost_model.strip():
             raise ValueError(f"--cost-model needs a JSON file's path, got {args.cost_model!r}")
@@ -201,16 +204,14 @@ def run(args: argparse.Namespace) -> int:
                         max_num_batched_tokens=args.max_num_batched_tokens)
         if args.trace is None and not args.mix and not args.calibrate and args.fit_timeline is None:
             raise ValueError("give --trace PATH or --mix (or --calibrate / --fit-timeline)")
-        # Inputs that are read fail before --out is made.
-        makes_model = args.calibrate or args.fit_timeline is not None
-        given = CostModel.load(args.cost_model) if args.cost_model and not makes_model else None
+        # The workload first: a bad one fails before any calibration.
         trace = load_trace(args.trace) if args.trace is not None else None
         if trace is None and args.mix:
             trace = synthetic_mix(args.num_requests, args.rate, args.seed, args.max_model_len)
         _writable_dir(out, "--out")
-        if args.cost_model and makes_model:
+        if args.cost_model and (args.calibrate or args.fit_timeline is not None):
             _writable_dir(Path(args.cost_model).parent, "--cost-model's folder")
-        cost_model = given if given is not None else _cost_model(args, out)
+        cost_model = _cost_model(args, out)
         if trace is None:
             return 0
         save_trace(trace, out / "trace.jsonl")
@@ -233,7 +234,10 @@ def run(args: argparse.Namespace) -> int:
                 plot_gantt(res, out / f"{name}.png", x=args.gantt_x)
             results.append(res)
     except (ValueError, RuntimeError) as e:
-        if isinstance(e, ValueError) and made_out and out.is_dir():
+        # An input error removes the --out folder this run made, unless it
+        # holds more than the trace (e.g. a cost model calibrated before it).
+        if (isinstance(e, ValueError) and made_out and out.is_dir()
+                and {f.name for f in out.iterdir()} <= {"trace.jsonl"}):
             shutil.rmtree(out, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         return 2
