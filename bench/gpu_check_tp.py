@@ -60,9 +60,21 @@ def _join(rank: int, port: int, backend: str) -> tuple[torch.device, torch.dtype
     return device, torch.bfloat16 if cuda else torch.float32
 
 
+def _leave() -> None:
+    """Leave the group and end this rank's process at once: interpreter
+    shutdown right after a collective can abort it (a gloo thread still
+    holding the collective's tensors takes the GIL during finalization,
+    pytorch/pytorch#190489; the check's dry run failed so one time in three)."""
+    import torch.distributed as dist
+
+    from paternoster.engine.pipe_worker import exit_without_finalizing
+
+    dist.destroy_process_group()
+    exit_without_finalizing(0)
+
+
 def _layers_rank(rank: int, port: int, backend: str, out: str) -> None:
     """Rank ``rank`` of check 1; rank 0 writes the max errors to ``out``."""
-    import torch.distributed as dist
     import torch.nn.functional as F
 
     from paternoster.model.parallel import (
@@ -94,7 +106,7 @@ def _layers_rank(rank: int, port: int, backend: str, out: str) -> None:
     }
     if rank == 0:
         Path(out).write_text(json.dumps({k: float(v.abs().max()) for k, v in errors.items()}))
-    dist.destroy_process_group()
+    _leave()
 
 
 def write_tiny_llama(path: Path, config: dict, dtype: torch.dtype) -> None:
@@ -149,7 +161,7 @@ def _model_rank(rank: int, port: int, backend: str, model_dir: str, out: str) ->
         Path(out).write_text(json.dumps({
             "rel_err_per_seq": errs, "num_kv_blocks": [int(b) for b in blocks],
             "graphs": runner.graphs is not None}))
-    dist.destroy_process_group()
+    _leave()
 
 
 def logprobs_close(a: list[tuple[list[int], list[list[int]]]],

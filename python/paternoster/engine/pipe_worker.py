@@ -24,7 +24,7 @@ import struct
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 _HEADER = struct.Struct("<Q")
 logger = logging.getLogger(__name__)
@@ -88,6 +88,24 @@ def describe_exit(code: int) -> str:
     if code < 0:
         return f"was killed by {signal.Signals(-code).name}"
     return f"exited with code {code}"
+
+
+def exit_without_finalizing(code: int) -> NoReturn:
+    """End this worker process with ``code`` after flushing its logs and
+    stderr, without interpreter shutdown (``os._exit``).
+
+    Finalization is not safe in our workers: a gloo thread of
+    ``torch.distributed`` may still be dropping the last collective's tensors,
+    which takes the GIL, and a thread that takes the GIL during finalization
+    aborts the process ("terminate called without an active exception",
+    pytorch/pytorch#190489, even after ``destroy_process_group``); a reader
+    thread holding stdin's lock makes finalization abort too."""
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def worker_env() -> dict[str, str]:

@@ -40,7 +40,7 @@ import sys
 from datetime import timedelta
 from typing import Any, BinaryIO
 
-from paternoster.engine.pipe_worker import read_frame
+from paternoster.engine.pipe_worker import exit_without_finalizing, read_frame
 
 logger = logging.getLogger("paternoster.tp_worker")
 
@@ -203,4 +203,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_finalizing(main())

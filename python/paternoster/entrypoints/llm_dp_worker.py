@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from paternoster.engine.pipe_worker import encode_frame, read_frame
+from paternoster.engine.pipe_worker import encode_frame, exit_without_finalizing, read_frame
 
 logger = logging.getLogger("paternoster.llm_dp_worker")
 
@@ -172,11 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         code = serve(args.engine, sys.stdin.buffer, out)
     except BrokenPipeError:  # the parent is gone
         code = 0
-    # No interpreter shutdown: the inbox thread may hold stdin's lock, which
-    # makes finalization abort ("could not acquire lock").
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_finalizing(code)  # the inbox thread may hold stdin's lock
 
 
 if __name__ == "__main__":
