@@ -48,10 +48,12 @@ def resolve_engine_threads(config: EngineConfig, tp: bool) -> tuple[EngineConfig
     if config.num_threads != threads.num_threads:
         config = dataclasses.replace(config, num_threads=threads.num_threads)
     if config.model.device == "cpu":  # which SIMD code the kernels run, said once
-        from paternoster.kernels.cpu import simd_variants
+        from paternoster.kernels import cpu
 
-        simd, warning = simd_variants()
-        logger.info("CPU kernels: %s", simd)
+        simd, warning = cpu.simd_variants()
+        logger.info("CPU kernels: %s; dense layers of up to %d rows on the core, more on "
+                    "torch's GEMM%s", simd, cpu.DENSE_CORE_MAX_TOKENS,
+                    " (AMX)" if cpu.torch_gemm_has_amx() else "")
         if warning:
             logger.warning("%s", warning)
     return config, threads

@@ -37,17 +37,45 @@ WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4
                   "q4_1": _core.WeightFormat.q4_1, torch.float32: _core.WeightFormat.float32,
                   torch.bfloat16: _core.WeightFormat.bfloat16}
 
+def torch_gemm_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later), which
+    torch's bfloat16 GEMM (oneDNN) then uses: it multiplies many rows several
+    times faster than AVX-512, which moves the core kernel's crossover
+    (:data:`DENSE_CORE_MAX_TOKENS`). Asked of torch (``torch.cpu``); ``False``
+    where this torch cannot tell."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe is not None and probe())
+
+
+def dense_core_max_tokens(linear_isa: str, amx: bool) -> int:
+    """Rows up to which a dense linear layer runs on the core's kernel, from
+    where the core kernel and torch's GEMM cross over with bfloat16 weights
+    (``bench/decode_ab.py --compare threshold``, docs/benchmarks.md, "CPU
+    decode" and "The core kernel against AMX"):
+
+    - ``avx512bf16`` without AMX (the 2-core EPYC): 128. Decode steps on the
+      core are 1.2-1.5x faster at 12 to 96 rows and ~1.05x at 128 (bfloat16
+      dot products, weights prefetched, six rows per micro-kernel).
+    - ``avx512bf16`` with AMX (the 2-core Xeon): 24. The core is 1.2-1.4x
+      faster at 12-16 rows, even at 24, and oneDNN's AMX GEMM 1.2-1.6x faster
+      from 32 to 128 rows.
+    - otherwise (the core multiplies in float32; not re-measured since): 8.
+
+    Args:
+        linear_isa: the core's linear kernel variant (``_core.linear_isa()``).
+        amx: :func:`torch_gemm_has_amx`.
+    """
+    if linear_isa != "avx512bf16":
+        return 8
+    return 24 if amx else 128
+
+
 #: Above this many rows a dense (unquantized) linear layer runs on torch's GEMM
 #: (oneDNN) unless batch invariance is asked for; up to it, on the core's
 #: kernel, and a step of that many tokens through the core's decoder stack
-#: (no Python per kernel call). Measured with ``bench/decode_ab.py --compare
-#: threshold`` on the 2-core AVX-512 BF16 EPYC (docs/benchmarks.md, "CPU
-#: decode"): whole decode steps on the core are 1.2-1.5x faster at 12 to 96
-#: tokens and ~1.05x at 128 (bfloat16 dot products, weights prefetched, six
-#: token rows per micro-kernel); longer prefill chunks keep oneDNN's blocked
-#: GEMM. Without AVX-512 BF16 the core multiplies in float32 (not re-measured
-#: since): the earlier, more cautious 8 rows.
-DENSE_CORE_MAX_TOKENS = 128 if _core.linear_isa() == "avx512bf16" else 8
+#: (no Python per kernel call). Longer prefill chunks keep oneDNN's blocked
+#: GEMM. Chosen per CPU at import (:func:`dense_core_max_tokens`).
+DENSE_CORE_MAX_TOKENS = dense_core_max_tokens(_core.linear_isa(), torch_gemm_has_amx())
 
 
 #: The values ``$PATERNOSTER_CPU_ISA`` may name (the attention kernel's
