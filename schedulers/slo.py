@@ -129,6 +129,7 @@ class SLOScheduler(Scheduler):
         self._now = 0.0
         self._time_left = 0.0
         self._first_chunk = True
+        self._rows = 0  # tokens of the step scheduled so far (schedule_waiting)
         self._gaps = 0.0
         self._misses = 0.0
         self.num_rescued = 0
@@ -242,10 +243,12 @@ class SLOScheduler(Scheduler):
         remaining = request.num_tokens - request.num_computed_tokens
         return self.predictor.chunk_time(remaining, request.num_computed_tokens)
 
-    def _chunk(self, request: Request, seconds: float, first: bool, budget: int) -> int:
-        """Prompt tokens of ``request`` that fit ``seconds`` (the first chunk
-        of a step gets at least ``min_chunk_tokens``), within ``budget``."""
-        n = self.predictor.chunk_fitting(seconds, request.num_computed_tokens)
+    def _chunk(self, request: Request, seconds: float, first: bool, budget: int,
+               rows_before: int) -> int:  # fmt: skip
+        """Prompt tokens of ``request`` that fit ``seconds`` in a step that
+        already has ``rows_before`` tokens (the first chunk of a step gets at
+        least ``min_chunk_tokens``), within ``budget``."""
+        n = self.predictor.chunk_fitting(seconds, request.num_computed_tokens, rows_before)
         if first:
             n = max(n, self.slo.min_chunk_tokens)
         return min(n, request.num_tokens - request.num_computed_tokens, budget)
@@ -263,14 +266,16 @@ class SLOScheduler(Scheduler):
         tokens, slots = self._room(running, decoding)
         planned: dict[str, int] = {}
         used = 0.0
+        rows = len(decoding)
         for r in self._order:
             waiting = r.status in _WAITING
             if not self._admissible(r, slots):
                 continue  # its time goes to the next
-            n = self._chunk(r, left - used, not planned, tokens)
+            n = self._chunk(r, left - used, not planned, tokens, rows)
             if n <= 0:
                 break
-            used += self.predictor.chunk_time(n, r.num_computed_tokens)
+            used += self.predictor.chunk_time(n, r.num_computed_tokens, rows)
+            rows += n
             tokens -= n
             slots -= waiting
             planned[r.request_id] = n
@@ -340,7 +345,8 @@ class SLOScheduler(Scheduler):
             return min(planned, remaining, token_budget)
         if request.status == RequestStatus.RUNNING:
             return 0
-        return self._chunk(request, self._time_left, self._first_chunk, token_budget)
+        return self._chunk(request, self._time_left, self._first_chunk, token_budget,
+                           self._rows)
 
     def can_admit(self, request: Request) -> bool:
         """Only when the whole prompt :meth:`fits` (no thrashing, as chunked_prefill)."""
@@ -358,6 +364,7 @@ class SLOScheduler(Scheduler):
             self._shed(out)
         self._time_left = self._target - self._predict(out)
         self._first_chunk = all(self.is_decoding(r) for r in out.scheduled)
+        self._rows = sum(out.num_scheduled_tokens)
         for r in self._order:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
@@ -372,7 +379,8 @@ class SLOScheduler(Scheduler):
                     continue
                 break  # an on-time request that does not fit: nobody overtakes it
             budget -= n
-            self._time_left -= self.predictor.chunk_time(n, r.num_computed_tokens)
+            self._time_left -= self.predictor.chunk_time(n, r.num_computed_tokens, self._rows)
+            self._rows += n
             self._first_chunk = False
         return budget
 
@@ -380,12 +388,14 @@ class SLOScheduler(Scheduler):
         """Predicted seconds of the step planned so far."""
         pred = self.predictor
         t = pred.overhead
+        rows = 0
         for r, n in zip(out.scheduled, out.num_scheduled_tokens):
             if n == 1 and r.num_computed_tokens >= r.num_prompt_tokens:
                 t += pred.a_decode + pred.a_kv * (r.num_computed_tokens + 1)
             else:
                 t += pred.chunk_time(n, r.num_computed_tokens)
-        return t
+            rows += n
+        return t + pred.a_first_tokens * min(rows, pred.first_tokens)
 
     def _shed(self, out: SchedulerOutput) -> None:
         """Refuse each waiting request that has not started and would miss its

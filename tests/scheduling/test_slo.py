@@ -233,3 +233,16 @@ def test_the_tightest_itl_target_among_decodes_sets_the_step():
 def test_bad_options_are_named(options, match):
     with pytest.raises(ValueError, match=match):
         create_scheduler("slo", **options)
+
+
+def test_the_first_tokens_of_a_step_cost_more_and_the_chunk_shrinks():
+    """With 2 ms more for each of a step's first 20 tokens and an ITL target
+    of 0.1005 s: the three decodes take 10 + 3 x 2 + 3 x 2 = 22 ms, leaving
+    78.5 ms; the chunk's first 17 tokens (rows 4-20) cost 3 ms each (51 ms),
+    and 27 more at 1 ms fit the 27.5 ms left: 44 tokens, not 84."""
+    kneed = {**SIMPLE, "a_first_tokens": 0.002, "first_tokens": 20}
+    s = slo(cost_model=kneed, itl_s=0.1005)
+    with_three_decoders(s)
+    s.add_request(make("long", 500))
+    plan, _ = step(s)
+    assert rows(plan) == {"d0": 1, "d1": 1, "d2": 1, "long": 44}

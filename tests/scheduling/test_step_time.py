@@ -115,3 +115,25 @@ def test_spread_is_the_95th_percentile_of_measured_over_predicted():
     # the fit settles between 1.0 and 1.5 (mean ~1.12), so the slow quarter
     # reads ~1.33 and the fast three quarters ~0.89
     assert 1.2 < noisy.spread < 1.5
+
+
+KNEED = CostModel(0.01, 3e-4, 7e-4, 3e-6, 6e-7, a_first_tokens=1.2e-3, first_tokens=24)
+
+
+@pytest.mark.parametrize("rows_before", [0, 5, 23, 24, 100])
+@pytest.mark.parametrize("seconds", [0.0, 1e-3, 0.01, 0.05, 0.3])
+def test_chunk_fitting_with_a_knee_is_the_largest_chunk_within_the_time(rows_before, seconds):
+    """Brute force over chunk sizes, times from the cost model of the whole
+    step (a step of ``rows_before`` decodes at 100 cached, then the chunk)."""
+    pred = StepTimePredictor(KNEED)
+    c = np.full(rows_before, 100)
+    base = StepWork.from_arrays(c, np.ones(rows_before, int), c)
+    def extra(k: int) -> float:
+        w = StepWork.from_arrays(np.append(c, 300), np.append(np.ones(rows_before, int), k),
+                                 np.append(c, 300 + k))  # fmt: skip
+        return KNEED.step_time(w) - KNEED.step_time(base)
+    expected = max(k for k in range(0, 2000) if k == 0 or extra(k) <= seconds + 1e-15)
+    assert pred.chunk_fitting(seconds, 300, rows_before) == expected
+    if expected:
+        assert pred.chunk_time(expected, 300, rows_before) == pytest.approx(extra(expected))
+    assert pred.decode_time(rows_before, 101 * rows_before) == pytest.approx(KNEED.step_time(base))

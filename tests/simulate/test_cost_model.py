@@ -102,3 +102,47 @@ def test_step_noise_round_trips_and_is_checked(tmp_path):
                                 "a_kv": 0}).step_noise == 0.0  # fmt: skip
     with pytest.raises(ValueError, match="step_noise"):
         CostModel(0.1, 0.0, 0.0, 0.0, step_noise=-0.1)
+
+
+def row_law(num_tokens: int) -> float:
+    """An independent step-time law with a concave row cost, as the CPU's:
+    10 ms, 1.75 ms a row up to 24 rows (the core kernel), 0.6 ms a row above
+    (the GEMM): seconds."""
+    return 0.010 + 1.75e-3 * min(num_tokens, 24) + 0.6e-3 * max(num_tokens - 24, 0)
+
+
+def test_first_tokens_term_charges_a_steps_first_tokens():
+    w = StepWork(prefill_tokens=30, decode_tokens=10, decode_kv_tokens=0,
+                 prefill_kv_tokens=0, num_seqs=11)  # fmt: skip
+    cm = CostModel(0.01, 1e-3, 2e-3, 0.0, 0.0, a_first_tokens=5e-4, first_tokens=24)
+    assert cm.step_time(w) == pytest.approx(0.01 + 30e-3 + 20e-3 + 24 * 5e-4)
+    with pytest.raises(ValueError, match="first_tokens"):
+        CostModel(0.01, 1e-3, 2e-3, 0.0, first_tokens=-1)
+
+
+def test_fit_finds_the_knee_of_a_concave_row_cost():
+    """Decode batches and small and large chunks beside decodes, timed by
+    :func:`row_law`: the five-term model mispredicts the small chunks (its
+    per-token prefill cost is the GEMM's), the fit with knees recovers the
+    law (knee 24, 1.15 ms more for each of the first 24 rows)."""
+    shapes = [(0, d) for d in (1, 4, 8, 16, 24, 32, 64, 128)]
+    shapes += [(p, d) for p in (8, 16, 64, 256, 1024) for d in (0, 4, 16)]
+    works = [StepWork(p, d, 0, 0, d + 1) for p, d in shapes]
+    seconds = [row_law(p + d) for p, d in shapes]
+    five, _ = CostModel.fit(works, seconds)
+    small = StepWork(16, 4, 0, 0, 5)
+    assert abs(five.step_time(small) / row_law(20) - 1) > 0.1
+    fitted, r2 = CostModel.fit(works, seconds, first_tokens=(0, 8, 16, 24, 32, 64))
+    assert fitted.first_tokens == 24 and r2 > 0.9999
+    assert fitted.a_first_tokens == pytest.approx(1.15e-3, rel=1e-6)
+    for p, d in [(5, 3), (100, 20), (2000, 0), (0, 50)]:
+        assert fitted.step_time(StepWork(p, d, 0, 0, d + 1)) == pytest.approx(row_law(p + d))
+
+
+def test_first_tokens_round_trips_and_an_old_file_has_none(tmp_path):
+    cm = CostModel(0.05, 4e-4, 1.5e-3, 2e-9, 5e-10, a_first_tokens=1e-3, first_tokens=24)
+    cm.save(tmp_path / "cm.json")
+    assert CostModel.load(tmp_path / "cm.json") == cm
+    old = CostModel.from_dict({"overhead": 0.05, "a_prefill": 4e-4, "a_decode": 1e-3,
+                               "a_kv": 0.0})  # fmt: skip
+    assert (old.a_first_tokens, old.first_tokens) == (0.0, 0)

@@ -19,15 +19,32 @@ times what it costs a prefill token. With ``a_kv_prefill`` unset both use
 a_decode * decode_tokens + a_kv * kv_tokens``. The shape follows the cost
 models of Orca (Yu et al., OSDI'22) and Sarathi-Serve (Agrawal et al.,
 OSDI'24): a fixed part, per-token parts and an attention part.
+
+An optional sixth term, ``a_first_tokens * min(num_tokens, first_tokens)``,
+charges each of a step's first ``first_tokens`` query tokens (decode and
+prefill alike) ``a_first_tokens`` more: the cost of a row of the linear
+layers depends on how many rows the step has. On the CPU the core's kernel
+takes the linear layers up to ``kernels.cpu.DENSE_CORE_MAX_TOKENS`` rows and
+torch's GEMM above, which multiplies a row several times cheaper on a CPU
+with AMX (1.75 ms against 0.6 ms per row, docs/benchmarks.md); without the
+term a small prompt chunk beside the decodes costs 1.5-1.6x what the model
+says. Both coefficients stay >= 0, so the term bends the step time down
+after the knee (a concave cost, as on a CPU), never up.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+#: The knees :meth:`CostModel.fit` tries for the first-tokens term when asked
+#: to choose (0: no such term), in tokens: around the CPU kernel crossovers
+#: (8, 24, 128) and GPU tile sizes.
+FIRST_TOKENS_KNEES = (0, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,11 @@ class StepWork:
     decode_kv_tokens: int
     prefill_kv_tokens: int
     num_seqs: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Query tokens of the step, prompt and decode (rows of the linear layers)."""
+        return self.prefill_tokens + self.decode_tokens
 
     @property
     def kv_tokens(self) -> int:
@@ -86,15 +108,16 @@ class StepWork:
             num_seqs=len(n),
         )
 
-    def features(self) -> list[float]:
-        """``[1, prefill_tokens, decode_tokens, decode_kv_tokens, prefill_kv_tokens]``,
-        the regression row."""
+    def features(self, first_tokens: int = 0) -> list[float]:
+        """``[1, prefill_tokens, decode_tokens, decode_kv_tokens, prefill_kv_tokens,
+        min(num_tokens, first_tokens)]``, the regression row."""
         return [
             1.0,
             float(self.prefill_tokens),
             float(self.decode_tokens),
             float(self.decode_kv_tokens),
             float(self.prefill_kv_tokens),
+            float(min(self.num_tokens, first_tokens)),
         ]
 
 
@@ -110,6 +133,10 @@ class CostModel:
             token too when ``a_kv_prefill`` is ``None``).
         a_kv_prefill: seconds per key attended by a prefill token, or ``None``
             (the four-term model: ``a_kv`` for every attended key).
+        a_first_tokens: seconds more for each of a step's first
+            ``first_tokens`` query tokens (module docstring; 0: no such term).
+        first_tokens: how many of a step's tokens pay ``a_first_tokens``
+            (tokens; the knee).
         source: free text: where the coefficients come from.
         step_noise: how much measured step times scatter around the model:
             the standard deviation of ``log(measured / modelled)`` (0: none).
@@ -126,9 +153,16 @@ class CostModel:
     a_kv_prefill: float | None = None
     source: str = ""
     step_noise: float = 0.0
+    a_first_tokens: float = 0.0
+    first_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("overhead", "a_prefill", "a_decode", "a_kv", "a_kv_prefill", "step_noise"):
+        if (not isinstance(self.first_tokens, int) or isinstance(self.first_tokens, bool)
+                or self.first_tokens < 0):  # fmt: skip
+            raise ValueError(f"cost model first_tokens must be an integer >= 0, "
+                             f"got {self.first_tokens!r}")
+        for name in ("overhead", "a_prefill", "a_decode", "a_kv", "a_kv_prefill", "step_noise",
+                     "a_first_tokens"):
             value = getattr(self, name)
             if value is None and name == "a_kv_prefill":
                 continue
@@ -153,6 +187,7 @@ class CostModel:
             + self.a_decode * work.decode_tokens
             + self.a_kv * work.decode_kv_tokens
             + self.per_key_prefill * work.prefill_kv_tokens
+            + self.a_first_tokens * min(work.num_tokens, self.first_tokens)
         )
 
     # ------------------------------------------------------------ persistence
@@ -164,8 +199,9 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         """Build from a dict with keys ``overhead``, ``a_prefill``, ``a_decode``,
-        ``a_kv`` (and optionally ``a_kv_prefill``, ``source`` and
-        ``step_noise``; other keys are ignored).
+        ``a_kv`` (and optionally ``a_kv_prefill``, ``source``,
+        ``step_noise``, ``a_first_tokens`` and ``first_tokens``; other keys
+        are ignored).
 
         Raises:
             ValueError: a key is missing or a value is out of range.
@@ -181,6 +217,8 @@ class CostModel:
             a_kv_prefill=d.get("a_kv_prefill"),
             source=str(d.get("source", "")),
             step_noise=d.get("step_noise", 0.0),
+            a_first_tokens=d.get("a_first_tokens", 0.0),
+            first_tokens=d.get("first_tokens", 0),
         )
 
     def save(self, path: str | Path) -> None:
@@ -206,9 +244,10 @@ class CostModel:
 
     @classmethod
     def fit(
-        cls, works: list[StepWork], seconds: list[float], source: str = "", split_kv: bool = True
-    ) -> tuple[CostModel, float]:
-        """Least-squares fit of the five coefficients to measured step times.
+        cls, works: list[StepWork], seconds: list[float], source: str = "",
+        split_kv: bool = True, first_tokens: int | Sequence[int] = 0,
+    ) -> tuple[CostModel, float]:  # fmt: skip
+        """Least-squares fit of the coefficients to measured step times.
 
         Minimises the *relative* error (each row weighted by ``1 / seconds``), so
         that 50 ms decode steps count as much as 1 s prefills, under the
@@ -222,35 +261,60 @@ class CostModel:
             split_kv: fit ``a_kv`` and ``a_kv_prefill`` apart (five terms);
                 ``False`` fits one ``a_kv`` for every attended key (four terms,
                 ``a_kv_prefill`` left ``None``).
+            first_tokens: the knee of the first-tokens term (module
+                docstring): 0 leaves the term out; a sequence of knees fits
+                each and keeps the one with the least relative error (the
+                steps must then include some of fewer tokens than the knee).
         Returns:
             ``(model, r2)``: the fit and its coefficient of determination on
             ``seconds`` (unweighted).
         Raises:
-            ValueError: fewer than 5 samples, lengths differ, or a time <= 0.
+            ValueError: fewer than 5 samples, lengths differ, a time <= 0, or
+                a negative knee.
         """
         if len(works) != len(seconds) or len(works) < 5:
             raise ValueError("fit needs at least 5 (work, seconds) pairs of equal count")
         y = np.asarray(seconds, dtype=np.float64)
         if np.any(y <= 0):
             raise ValueError("measured step times must be > 0")
-        x = np.asarray([w.features() for w in works], dtype=np.float64)
-        if not split_kv:
-            x = np.column_stack([x[:, :3], x[:, 3] + x[:, 4]])
-        xw, yw = x / y[:, None], np.ones_like(y)
-        active = list(range(x.shape[1]))
-        coef = np.zeros(x.shape[1])
-        while active:
-            sol, *_ = np.linalg.lstsq(xw[:, active], yw, rcond=None)
-            if np.all(sol >= 0):
-                coef[:] = 0.0
-                coef[active] = sol
-                break
-            active.pop(int(np.argmin(sol)))
-        pred = x @ coef
+        knees = [first_tokens] if isinstance(first_tokens, int) else list(first_tokens)
+        if not knees or any(k < 0 for k in knees):
+            raise ValueError(f"first_tokens must be >= 0 (or a non-empty list of such), "
+                             f"got {first_tokens!r}")
+        best: tuple[float, int, np.ndarray] | None = None
+        for knee in knees:
+            x = np.asarray([w.features(knee) for w in works], dtype=np.float64)
+            if not split_kv:
+                x = np.column_stack([x[:, :3], x[:, 3] + x[:, 4], x[:, 5]])
+            coef = _nonnegative_relative_lstsq(x, y)
+            err = float(np.sum((1.0 - x @ coef / y) ** 2))
+            if best is None or err < best[0]:
+                best = (err, knee, coef)
+        _, knee, coef = best
+        a_first = float(coef[-1])
+        head = [float(v) for v in coef[:-1]]  # a_kv_prefill None if 4 terms
+        model = cls(*head, source=source, a_first_tokens=a_first,
+                    first_tokens=knee if a_first > 0 else 0)
+        pred = np.array([model.step_time(w) for w in works])
         ss_tot = float(np.sum((y - y.mean()) ** 2))
         r2 = 1.0 - float(np.sum((y - pred) ** 2)) / ss_tot if ss_tot > 0 else 1.0
-        model = cls(*(float(v) for v in coef), source=source)  # a_kv_prefill None if 4 terms
         return model, r2
+
+
+def _nonnegative_relative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients ``c >= 0`` minimising ``sum(((x @ c - y) / y) ** 2)``: least
+    squares on the active set, the most negative coefficient dropped until
+    none is (``x``: ``[N, K]`` float64, ``y``: ``[N]`` > 0; returns ``[K]``)."""
+    xw, yw = x / y[:, None], np.ones_like(y)
+    active = [j for j in range(x.shape[1]) if np.any(x[:, j])]
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(xw[:, active], yw, rcond=None)
+        if np.all(sol >= 0):
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return coef
 
 
 #: Calibrated on the project's 2-core CPU (SmolLM2-135M-Instruct, bf16, one

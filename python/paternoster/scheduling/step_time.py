@@ -2,7 +2,8 @@
 
 The cost model (:class:`~paternoster.scheduling.cost_model.CostModel`) says a
 step takes ``overhead + a_prefill * P + a_decode * D + a_kv * K_decode +
-a_kv_prefill * K_prefill`` seconds. The machine a policy runs on is rarely
+a_kv_prefill * K_prefill + a_first_tokens * min(P + D, first_tokens)``
+seconds. The machine a policy runs on is rarely
 the one the model was calibrated on (other threads, another CPU, a GPU, a
 neighbour's load), so :class:`StepTimePredictor` keeps one multiplier per
 term and fits them to the measured step times by exponentially weighted
@@ -10,7 +11,7 @@ least squares with a ridge towards one common factor ``g``::
 
     minimise  sum_s lambda^(t - s) * ((y_s - m . x_s) / y_s)^2  +  rho * |m - g|^2
 
-where ``x_s`` are step ``s``'s five terms under the calibrated model (seconds),
+where ``x_s`` are step ``s``'s six terms under the calibrated model (seconds),
 ``y_s`` its measured time, ``lambda = 1 - 1 / window`` forgets old steps
 (recursive least squares with forgetting, Ljung & Soderstrom 1983), ``rho``
 is the prior's weight in steps and ``g`` is the best single factor on the
@@ -72,10 +73,13 @@ class StepTimePredictor:
         self.forget = 1.0 - 1.0 / window
         self.prior_weight = prior_weight
         self._base = np.array([cost_model.overhead, cost_model.a_prefill, cost_model.a_decode,
-                               cost_model.a_kv, cost_model.per_key_prefill])  # fmt: skip
-        self._a = np.zeros((5, 5))
-        self._b = np.zeros(5)
-        self.multipliers = np.ones(5)
+                               cost_model.a_kv, cost_model.per_key_prefill,
+                               cost_model.a_first_tokens])  # fmt: skip
+        #: The knee of the first-tokens term (tokens; the cost model's).
+        self.first_tokens = cost_model.first_tokens
+        self._a = np.zeros((6, 6))
+        self._b = np.zeros(6)
+        self.multipliers = np.ones(6)
         self.num_observed = 0
         #: 95th percentile of measured / predicted step time, recent steps (>= 1).
         self.spread = 1.0
@@ -85,18 +89,20 @@ class StepTimePredictor:
     def _set_coefficients(self) -> None:
         """Cache the effective coefficients as Python floats (planning is scalar)."""
         c = self._base * self.multipliers
-        self.overhead, self.a_prefill, self.a_decode, self.a_kv, self.a_kv_prefill = map(float, c)
+        (self.overhead, self.a_prefill, self.a_decode, self.a_kv, self.a_kv_prefill,
+         self.a_first_tokens) = map(float, c)  # fmt: skip
 
     def terms(self, work: StepWork) -> np.ndarray:
-        """The calibrated model's five terms for ``work`` (seconds each; their
+        """The calibrated model's six terms for ``work`` (seconds each; their
         sum is ``cost_model.step_time(work)``)."""
-        return self._base * np.asarray(work.features())
+        return self._base * np.asarray(work.features(self.first_tokens))
 
     def predict(self, work: StepWork) -> float:
         """Predicted seconds of a step doing ``work``."""
         return (self.overhead + self.a_prefill * work.prefill_tokens
                 + self.a_decode * work.decode_tokens + self.a_kv * work.decode_kv_tokens
-                + self.a_kv_prefill * work.prefill_kv_tokens)  # fmt: skip
+                + self.a_kv_prefill * work.prefill_kv_tokens
+                + self.a_first_tokens * min(work.num_tokens, self.first_tokens))  # fmt: skip
 
     def observe(self, work: StepWork, seconds: float) -> None:
         """Fold one measured step into the fit (nothing when ``adapt`` is off,
@@ -113,7 +119,7 @@ class StepTimePredictor:
         self._b = self.forget * self._b + x
         rho = self.prior_weight
         g = self._b.sum() / self._a.sum()  # the best common factor: ones . b / ones . A . ones
-        m = np.linalg.solve(self._a + rho * np.eye(5), self._b + rho * g)
+        m = np.linalg.solve(self._a + rho * np.eye(6), self._b + rho * g)
         self.multipliers = np.clip(m, *MULTIPLIER_RANGE)
         self.num_observed += 1
         self._set_coefficients()
@@ -123,25 +129,37 @@ class StepTimePredictor:
     def decode_time(self, num_decodes: int, decode_kv_tokens: int) -> float:
         """Seconds of a step with only ``num_decodes`` decode rows attending
         ``decode_kv_tokens`` keys in all (the overhead included)."""
-        return self.overhead + self.a_decode * num_decodes + self.a_kv * decode_kv_tokens
+        return (self.overhead + self.a_decode * num_decodes + self.a_kv * decode_kv_tokens
+                + self.a_first_tokens * min(num_decodes, self.first_tokens))  # fmt: skip
 
-    def chunk_time(self, num_tokens: int, num_cached: int) -> float:
+    def chunk_time(self, num_tokens: int, num_cached: int, rows_before: int = 0) -> float:
         """Marginal seconds of a prefill chunk of ``num_tokens`` after
-        ``num_cached`` cached tokens (no overhead: it shares a step)."""
+        ``num_cached`` cached tokens (no overhead: it shares a step) in a
+        step that already has ``rows_before`` query tokens (decodes and
+        other chunks: the first-tokens term charges the chunk only for the
+        first ``first_tokens`` of the step that it takes up)."""
         n = num_tokens
         keys = n * num_cached + n * (n + 1) // 2
-        return self.a_prefill * n + self.a_kv_prefill * keys
+        first = min(rows_before + n, self.first_tokens) - min(rows_before, self.first_tokens)
+        return self.a_prefill * n + self.a_kv_prefill * keys + self.a_first_tokens * first
 
-    def chunk_fitting(self, seconds: float, num_cached: int) -> int:
-        """The largest chunk whose :meth:`chunk_time` is at most ``seconds``
-        (0 when even one token does not fit)."""
+    def chunk_fitting(self, seconds: float, num_cached: int, rows_before: int = 0) -> int:
+        """The largest chunk whose :meth:`chunk_time` (``rows_before`` as
+        there) is at most ``seconds`` (0 when even one token does not fit)."""
         if seconds <= 0:
             return 0
         a = self.a_kv_prefill / 2
         b = self.a_prefill + self.a_kv_prefill * (num_cached + 0.5)
-        if a <= 0:
-            return int(seconds / b) if b > 0 else 1 << 30
-        n = int((-b + math.sqrt(b * b + 4 * a * seconds)) / (2 * a))
-        while n > 0 and self.chunk_time(n, num_cached) > seconds:  # float rounding
-            n -= 1
-        return n
+        if a > 0:
+            n = int((-b + math.sqrt(b * b + 4 * a * seconds)) / (2 * a))
+        else:
+            n = int(seconds / b) if b > 0 else 1 << 30
+        # the first-tokens term only lowers it: bisect below the bound
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.chunk_time(mid, num_cached, rows_before) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paternoster.scheduling.cost_model import CostModel, StepWork
+from paternoster.scheduling.cost_model import FIRST_TOKENS_KNEES, CostModel, StepWork
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,9 @@ class TimelineFit:
         text = (f"fitted to {self.num_steps} server steps ({self.num_skipped} left out): "
                 f"overhead {m.overhead * 1e3:.2f} ms, prefill {m.a_prefill * 1e6:.1f} us/token, "
                 f"decode {m.a_decode * 1e6:.1f} us/token, decode KV {m.a_kv * 1e6:.3f} us/key, "
-                f"prefill KV {kv_prefill * 1e6:.4f} us/key; R^2 {self.r2:.3f}, step noise "
-                f"{m.step_noise:.3f}; median loop gap {self.median_gap_s * 1e3:.2f} ms; "
+                f"prefill KV {kv_prefill * 1e6:.4f} us/key, {m.a_first_tokens * 1e6:.1f} us more "
+                f"for each of a step's first {m.first_tokens} tokens; R^2 {self.r2:.3f}, "
+                f"step noise {m.step_noise:.3f}; median loop gap {self.median_gap_s * 1e3:.2f} ms; "
                 f"steps of up to {self.max_prefill_tokens} prefill tokens")
         costs = (("prefill", m.a_prefill), ("decode", m.a_decode))
         unpinned = [name for name, v in costs if v <= 0]
@@ -222,7 +223,8 @@ def _base_and_engine(url: str) -> tuple[str, int]:
 
 def fit_timeline(snapshot: dict, source: str = "", split_kv: bool = True) -> TimelineFit:
     """Fit the cost model to a server's steps (:func:`works_from_timeline`,
-    then :meth:`CostModel.fit`), with the step noise of the fit.
+    then :meth:`CostModel.fit`, choosing the first-tokens knee among
+    ``FIRST_TOKENS_KNEES``), with the step noise of the fit.
 
     Args:
         snapshot: a timeline snapshot.
@@ -236,7 +238,7 @@ def fit_timeline(snapshot: dict, source: str = "", split_kv: bool = True) -> Tim
         raise ValueError(f"only {len(works)} usable steps in the timeline ({skipped} left out); "
                          "record more with --timeline-size and --timeline-sample-rate 1")
     model, r2 = CostModel.fit(works, seconds, source=source or "fitted to a server timeline",
-                              split_kv=split_kv)
+                              split_kv=split_kv, first_tokens=FIRST_TOKENS_KNEES)
     pred = np.array([model.step_time(w) for w in works])
     y = np.asarray(seconds)
     ok = pred > 0
