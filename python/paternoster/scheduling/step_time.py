@@ -33,6 +33,7 @@ stay at 1 and the prediction equals the simulator's step time exactly.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 
@@ -154,12 +155,7 @@ class StepTimePredictor:
             n = int((-b + math.sqrt(b * b + 4 * a * seconds)) / (2 * a))
         else:
             n = int(seconds / b) if b > 0 else 1 << 30
-        # the first-tokens term only lowers it: bisect below the bound
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.chunk_time(mid, num_cached, rows_before) <= seconds:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        # the first-tokens term only lowers it: the chunks 1..n that fit are a prefix
+        return bisect.bisect_left(range(1, n + 1), True,
+                                  key=lambda k: self.chunk_time(k, num_cached, rows_before)
+                                  > seconds)  # fmt: skip
