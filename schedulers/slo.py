@@ -170,8 +170,8 @@ class SLOScheduler(Scheduler):
             seconds > self._itl.get(r.request_id, math.inf) for r in decodes)
         if self.predictor.num_observed % LOG_EVERY == 0:
             logger.debug(
-                "slo: step-time multipliers %s (overhead, prefill, decode, kv, prefill kv); "
-                "gaps over target %.1f%% recently; late %d, rescued %d, shed %d",
+                "slo: step-time multipliers %s (overhead, prefill, decode, kv, prefill kv, "
+                "first tokens); gaps over target %.1f%% recently; late %d, rescued %d, shed %d",
                 np.round(self.predictor.multipliers, 3).tolist(),
                 100 * self._misses / max(self._gaps, 1), self.num_late, self.num_rescued,
                 self.num_shed)  # fmt: skip
