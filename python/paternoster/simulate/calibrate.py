@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paternoster.scheduling.cost_model import FIRST_TOKENS_KNEES, CostModel, StepWork
+from paternoster.scheduling.cost_model import CostModel, StepWork
 
 Row = tuple[int, int]
 
@@ -45,10 +45,6 @@ DEFAULT_PROBES: tuple[tuple[str, tuple[Row, ...]], ...] = (
     ("decode 32 @ 512", ((512, 1),) * 32),
     ("decode 16 @ 256 + prefill 256", ((256, 1),) * 16 + ((0, 256),)),
     ("decode 32 @ 512 + chunk 512 @ 1024", ((512, 1),) * 32 + ((1024, 512),)),
-    # small chunks beside decodes: pin the first-tokens term (a row's cost
-    # depends on the step's row count, e.g. below a GEMM crossover)
-    ("decode 16 @ 128 + chunk 16 @ 512", ((128, 1),) * 16 + ((512, 16),)),
-    ("decode 16 @ 128 + chunk 64 @ 512", ((128, 1),) * 16 + ((512, 64),)),
 )
 
 
@@ -100,8 +96,6 @@ class Calibration:
             f"a_decode  = {cm.a_decode * 1e6:.3f} us/decode token",
             f"a_kv      = {cm.a_kv * 1e9:.3f} ns/key attended by a decode token",
             f"a_kv_prefill = {cm.per_key_prefill * 1e9:.3f} ns/key attended by a prefill token",
-            f"a_first_tokens = {cm.a_first_tokens * 1e6:.3f} us more for each of a step's first "
-            f"{cm.first_tokens} tokens",
             f"R^2       = {self.r2:.4f}   ({cm.source})",
             f"step_noise = {cm.step_noise:.3f} (sd of log measured/modelled step time)",
         ]
@@ -204,7 +198,10 @@ def calibrate(
         f"up to {max_tokens} KV tokens"
     )
     works, seconds = [m[1] for m in measured], [m[2] for m in measured]
-    cost_model, r2 = CostModel.fit(works, seconds, source, first_tokens=FIRST_TOKENS_KNEES)
+    # Five terms, no first-tokens knee: slo plans with this model, and planning
+    # with the knee cost it 6 % capacity on the long mix (docs/benchmarks.md,
+    # "Sixth run"); the timeline fits (fit_timeline) choose a knee.
+    cost_model, r2 = CostModel.fit(works, seconds, source)
     _, r2_four_terms = CostModel.fit(works, seconds, split_kv=False)
     samples = tuple(
         CalibrationSample(name, w, s, cost_model.step_time(w), runs)
