@@ -146,3 +146,23 @@ def test_first_tokens_round_trips_and_an_old_file_has_none(tmp_path):
     old = CostModel.from_dict({"overhead": 0.05, "a_prefill": 4e-4, "a_decode": 1e-3,
                                "a_kv": 0.0})  # fmt: skip
     assert (old.a_first_tokens, old.first_tokens) == (0.0, 0)
+
+
+def test_a_misspelt_key_a_knee_without_a_count_and_numpy_ints():
+    """A typo would silently leave a term out: refused, naming it; a first-tokens
+    cost with no count of tokens is refused; numpy integers are integers."""
+    with pytest.raises(ValueError, match=r"unknown keys \['first_token'\]"):
+        CostModel.from_dict({"overhead": 0.05, "a_prefill": 4e-4, "a_decode": 1e-3,
+                             "a_kv": 0.0, "first_token": 24})  # fmt: skip
+    with pytest.raises(ValueError, match="needs first_tokens > 0"):
+        CostModel(0.01, 1e-3, 2e-3, 0.0, a_first_tokens=1e-3)
+    for bad in (24.5, 24.0, "24", True):
+        with pytest.raises(ValueError, match="first_tokens must be an integer"):
+            CostModel(0.01, 1e-3, 2e-3, 0.0, a_first_tokens=1e-3, first_tokens=bad)
+    cm = CostModel(0.01, 1e-3, 2e-3, 0.0, a_first_tokens=1e-3, first_tokens=np.int64(24))
+    assert type(cm.first_tokens) is int and cm.first_tokens == 24
+    shapes = [(0, d) for d in (1, 4, 16, 24, 64)] + [(p, 4) for p in (8, 64, 256)]
+    works = [StepWork(p, d, 0, 0, d + 1) for p, d in shapes]
+    fitted, _ = CostModel.fit(works, [row_law(p + d) for p, d in shapes],
+                              first_tokens=np.arange(8, 33, 8))  # fmt: skip
+    assert fitted.first_tokens == 24

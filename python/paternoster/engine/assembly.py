@@ -51,9 +51,8 @@ def resolve_engine_threads(config: EngineConfig, tp: bool) -> tuple[EngineConfig
         from paternoster.kernels import cpu
 
         simd, warning = cpu.simd_variants()
-        logger.info("CPU kernels: %s; dense layers of up to %d rows on the core, more on "
-                    "torch's GEMM%s", simd, cpu.DENSE_CORE_MAX_TOKENS,
-                    " (AMX)" if cpu.torch_gemm_has_amx() else "")
+        logger.info("CPU kernels: %s; %s", simd, cpu.describe_linear_split(
+            config.model.batch_invariant))
         if warning:
             logger.warning("%s", warning)
     return config, threads

@@ -84,6 +84,19 @@ DENSE_CORE_MAX_TOKENS = dense_core_max_tokens(_core.linear_isa(), torch_gemm_has
 CPU_ISA_NAMES = ("avx512", "avx2", "baseline")
 
 
+def describe_linear_split(batch_invariant: bool) -> str:
+    """Which kernel takes a step's unquantized linear layers, for the start-up
+    log: ``"unquantized linear layers: steps of up to 24 tokens on
+    Paternoster's kernel, longer ones on torch's GEMM (oneDNN, with AMX for
+    bfloat16)"``; in batch-invariant mode every step stays on Paternoster's
+    kernel. Quantized weights are not covered by this rule."""
+    if batch_invariant:
+        return "linear layers: every step on Paternoster's kernel (batch-invariant mode)"
+    amx = ", with AMX for bfloat16" if torch_gemm_has_amx() else ""
+    return (f"unquantized linear layers: steps of up to {DENSE_CORE_MAX_TOKENS} tokens on "
+            f"Paternoster's kernel, longer ones on torch's GEMM (oneDNN{amx})")
+
+
 def simd_variants(environ: Mapping[str, str] = os.environ) -> tuple[str, str | None]:
     """The core's SIMD variants in use, for the start-up log.
 

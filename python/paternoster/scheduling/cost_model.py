@@ -35,8 +35,9 @@ after the knee (a concave cost, as on a CPU), never up.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -157,10 +158,14 @@ class CostModel:
     first_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if (not isinstance(self.first_tokens, int) or isinstance(self.first_tokens, bool)
-                or self.first_tokens < 0):  # fmt: skip
-            raise ValueError(f"cost model first_tokens must be an integer >= 0, "
-                             f"got {self.first_tokens!r}")
+        knee = self.first_tokens
+        try:
+            ok = not isinstance(knee, bool) and operator.index(knee) >= 0
+        except TypeError:  # a float, a string: not an integer
+            ok = False
+        if not ok:
+            raise ValueError(f"cost model first_tokens must be an integer >= 0, got {knee!r}")
+        object.__setattr__(self, "first_tokens", operator.index(knee))  # numpy ints too
         for name in ("overhead", "a_prefill", "a_decode", "a_kv", "a_kv_prefill", "step_noise",
                      "a_first_tokens"):
             value = getattr(self, name)
@@ -168,6 +173,9 @@ class CostModel:
                 continue
             if not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
                 raise ValueError(f"cost model {name} must be a finite number >= 0, got {value!r}")
+        if self.a_first_tokens > 0 and self.first_tokens == 0:
+            raise ValueError("cost model a_first_tokens > 0 needs first_tokens > 0 (how many of "
+                             "a step's tokens pay it)")
 
     @classmethod
     def unit(cls) -> CostModel:
@@ -200,15 +208,18 @@ class CostModel:
     def from_dict(cls, d: dict) -> CostModel:
         """Build from a dict with keys ``overhead``, ``a_prefill``, ``a_decode``,
         ``a_kv`` (and optionally ``a_kv_prefill``, ``source``,
-        ``step_noise``, ``a_first_tokens`` and ``first_tokens``; other keys
-        are ignored).
+        ``step_noise``, ``a_first_tokens`` and ``first_tokens``).
 
         Raises:
-            ValueError: a key is missing or a value is out of range.
+            ValueError: a key is missing or unknown, or a value is out of range.
         """
         missing = [k for k in ("overhead", "a_prefill", "a_decode", "a_kv") if k not in d]
         if missing:
             raise ValueError(f"cost model is missing {missing}")
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:  # a misspelt term would silently be left out
+            raise ValueError(f"cost model has unknown keys {unknown}; the keys are "
+                             f"{[f.name for f in fields(cls)]}")
         return cls(
             overhead=d["overhead"],
             a_prefill=d["a_prefill"],
@@ -277,7 +288,7 @@ class CostModel:
         y = np.asarray(seconds, dtype=np.float64)
         if np.any(y <= 0):
             raise ValueError("measured step times must be > 0")
-        knees = [first_tokens] if isinstance(first_tokens, int) else list(first_tokens)
+        knees = [first_tokens] if np.ndim(first_tokens) == 0 else list(first_tokens)
         if not knees or any(k < 0 for k in knees):
             raise ValueError(f"first_tokens must be >= 0 (or a non-empty list of such), "
                              f"got {first_tokens!r}")
