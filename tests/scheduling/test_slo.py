@@ -9,8 +9,11 @@ figure below is worked out from that arithmetic, not from the policy's code.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+import paternoster.schedulers.slo as slo_module
 from paternoster.request import Request, RequestStatus
 from paternoster.sampling_params import SamplingParams
 
@@ -246,3 +249,27 @@ def test_the_first_tokens_of_a_step_cost_more_and_the_chunk_shrinks():
     s.add_request(make("long", 500))
     plan, _ = step(s)
     assert rows(plan) == {"d0": 1, "d1": 1, "d2": 1, "long": 44}
+
+
+def test_startup_log_names_the_model_and_the_decodes_that_fit(caplog):
+    """10 ms + 2 ms a decode against 0.101 s: 45 decodes fit (0.1 s), 46 do
+    not (0.102 s); the tightest class (0.051 s) fits 20 (0.05 s)."""
+    model = {**SIMPLE, "source": "hand-made"}
+    with caplog.at_level(logging.INFO, logger="paternoster.schedulers.slo"):
+        create_scheduler("slo", max_num_seqs=64, cost_model=model, itl_s=0.101, margin=0.0)
+        create_scheduler("slo", max_num_seqs=64, cost_model=model, itl_s=0.101, margin=0.0,
+                         classes={"1": {"itl_s": 0.051}})  # fmt: skip
+    first, second = (r.getMessage() for r in caplog.records)
+    assert "'hand-made'" in first and "up to 45 of the 64 request slots" in first
+    assert "0.051 s in the tightest priority class" in second
+    assert "up to 20 of the 64" in second
+
+
+def test_startup_warns_once_when_one_decode_is_over_the_target(caplog, monkeypatch):
+    """The step's 10 ms overhead alone is over an ITL target of 5 ms."""
+    monkeypatch.setattr(slo_module, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="paternoster.schedulers.slo"):
+        for _ in range(2):
+            create_scheduler("slo", cost_model=SIMPLE, itl_s=0.005, margin=0.0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "one decode alone takes 12 ms" in warnings[0]
