@@ -124,8 +124,12 @@ def test_handshake_errors(fake_model_dir):
 def test_connect_to_nothing_times_out():
     from tests.entrypoints.utils import free_port
 
-    with pytest.raises(TimeoutError):
-        Client(f"tcp://127.0.0.1:{free_port()}", timeout=0.3)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with pytest.raises(TimeoutError, match=f"no Paternoster server answered the handshake at "
+                                           f"{address} within 0.3 s"):  # fmt: skip
+        Client(address, timeout=0.3)
+    with pytest.raises(TimeoutError, match=f"at {address} within 0.2 s"):
+        asyncio.run(AsyncClient.connect(address, timeout=0.2))
 
 
 def test_overload_and_dead_engine_errors(fake_model_dir):

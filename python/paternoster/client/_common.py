@@ -243,3 +243,11 @@ def configure(sock: zmq.Socket, max_message_bytes: int) -> None:
 def hello_message(api_key: str | None, client_name: str | None) -> dict:
     """The ``hello`` handshake message."""
     return p.message(p.HELLO, api_key=api_key, client=client_name)
+
+
+def no_server_message(address: str, timeout: float | None) -> str:
+    """What a handshake timeout says: ZeroMQ connects lazily, so an address
+    with no server behind it and a server too busy to answer look the same."""
+    waited = "" if timeout is None else f" within {timeout:g} s"
+    return (f"no Paternoster server answered the handshake at {address}{waited} "
+            f"(is `paternoster serve --zmq-address {address}` running there?)")

@@ -41,6 +41,7 @@ from paternoster.client._common import (
     error_from,
     generate_message,
     hello_message,
+    no_server_message,
     pack,
     unpack,
 )
@@ -99,6 +100,9 @@ class AsyncClient:
         try:
             await self._sock.send(self._hello)
             welcome = await self._await_reply(p.WELCOME, None, timeout)
+        except TimeoutError:
+            await self.close()
+            raise TimeoutError(no_server_message(address, timeout)) from None
         except BaseException:
             await self.close()
             raise

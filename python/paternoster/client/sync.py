@@ -35,6 +35,7 @@ from paternoster.client._common import (
     error_from,
     generate_message,
     hello_message,
+    no_server_message,
     pack,
     unpack,
 )
@@ -79,6 +80,9 @@ class Client:
         try:
             self._sock.send(self._hello)
             welcome = self._reply(p.WELCOME, None, timeout)
+        except TimeoutError:
+            self.close()
+            raise TimeoutError(no_server_message(address, timeout)) from None
         except BaseException:
             self.close()
             raise

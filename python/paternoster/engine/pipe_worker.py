@@ -22,6 +22,7 @@ import select
 import signal
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
@@ -100,8 +101,6 @@ def exit_without_finalizing(code: int) -> NoReturn:
     aborts the process ("terminate called without an active exception",
     pytorch/pytorch#190489, even after ``destroy_process_group``); a reader
     thread holding stdin's lock makes finalization abort too."""
-    import sys
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -12,6 +12,7 @@ Work is spread over :func:`set_num_threads` threads.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 
@@ -37,12 +38,13 @@ WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4
                   "q4_1": _core.WeightFormat.q4_1, torch.float32: _core.WeightFormat.float32,
                   torch.bfloat16: _core.WeightFormat.bfloat16}
 
+@functools.cache
 def torch_gemm_has_amx() -> bool:
     """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later), which
     torch's bfloat16 GEMM (oneDNN) then uses: it multiplies many rows several
     times faster than AVX-512, which moves the core kernel's crossover
     (:data:`DENSE_CORE_MAX_TOKENS`). Asked of torch (``torch.cpu``); ``False``
-    where this torch cannot tell."""
+    where this torch cannot tell. Asked once per process."""
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return bool(probe is not None and probe())
 

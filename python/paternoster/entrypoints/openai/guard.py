@@ -112,7 +112,7 @@ class GuardMiddleware:
 
 async def _send_error(send: Send, status: int, message: str) -> None:
     """Send an OpenAI-shaped JSON error straight through ASGI."""
-    payload = json.dumps(error_body(status, message)).encode()
+    payload = json.dumps(error_body(status, message), separators=(",", ":")).encode()
     await send({
         "type": "http.response.start", "status": status,
         "headers": [(b"content-type", b"application/json"),
