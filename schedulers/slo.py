@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from paternoster.request import Request, RequestStatus
-from paternoster.schedulers.slo_options import DEFAULT_OPTIONS, SLOOptions
+from paternoster.schedulers.slo_options import DEFAULT_OPTIONS, SLOOptions, log_plan_basis
 from paternoster.scheduling.cost_model import StepWork
 from paternoster.scheduling.output import SchedulerOutput
 from paternoster.scheduling.scheduler import Scheduler
@@ -30,9 +30,6 @@ MISS_WINDOW = 20000
 #: Prefill candidates ordered per step by deadline; later ones count as late
 #: (bounds the per-step cost under overload).
 MAX_CANDIDATES = 256
-#: (cost model source, ITL target) pairs already warned about in this process
-#: (a simulated capacity search builds one scheduler per probe).
-_WARNED: set[tuple[str, float]] = set()
 
 
 class SLOScheduler(Scheduler):
@@ -136,36 +133,7 @@ class SLOScheduler(Scheduler):
         self._gaps = 0.0
         self._misses = 0.0
         self.num_rescued = 0
-        self._log_plan_basis()
-
-    def _log_plan_basis(self) -> None:
-        """Log the step-time model slo starts from and how many decodes fit
-        the tightest ITL target under it; warn when not even one does."""
-        model = self.slo.cost_model
-        itl = min([self.slo.default.itl_s, *(t.itl_s for t in self.slo.classes.values())])
-        limit = itl * (1.0 - self.slo.margin)
-        pred = self.predictor
-        n = 0
-        while n < self.config.max_num_seqs and pred.decode_time(n + 1, n + 1) <= limit:
-            n += 1
-        logger.info(
-            "slo: targets TTFT %g s, ITL %g s%s; step-time model %r (overhead %.1f ms, %.0f µs "
-            "a prompt token, %.0f µs a decode row), %s; under it a decode-only step fits the "
-            "ITL target with up to %d of the %d request slots decoding (short contexts)",
-            self.slo.default.ttft_s, self.slo.default.itl_s,
-            f" ({itl:g} s in the tightest priority class)" if itl < self.slo.default.itl_s else "",
-            model.source or "(no source given)",
-            model.overhead * 1e3, model.a_prefill * 1e6, model.a_decode * 1e6,
-            "corrected online from measured steps" if self.slo.adapt else "fixed (adapt: false)",
-            n, self.config.max_num_seqs)  # fmt: skip
-        if n == 0 and (model.source, itl) not in _WARNED:
-            _WARNED.add((model.source, itl))
-            logger.warning(
-                "slo: under its cost model one decode alone takes %.0f ms, over the %g s ITL "
-                "target less the %g margin: steps are planned over the target until measured "
-                "steps correct the model (adapt), for good if they confirm it; raise itl_s or "
-                "give a model calibrated on this machine (paternoster simulate --calibrate)",
-                pred.decode_time(1, 1) * 1e3, itl, self.slo.margin)  # fmt: skip
+        log_plan_basis(self.slo, self.predictor, self.config.max_num_seqs, logger)
 
     # ----------------------------------------------------------- bookkeeping
 

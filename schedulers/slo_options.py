@@ -8,6 +8,7 @@ then the entry of its ``priority`` in ``classes``, then the server-level
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 from paternoster.request import Request
 from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL, CostModel
 from paternoster.scheduling.policy import option_text, require_int
+from paternoster.scheduling.step_time import StepTimePredictor
 
 #: ``--scheduler-config`` keys of the ``slo`` policy and their defaults.
 DEFAULT_OPTIONS: dict[str, Any] = {
@@ -185,3 +187,39 @@ def _parse_cost_model(value: Any) -> CostModel:
         raise ValueError(f"cost_model: {e}") from None
     raise ValueError(f"cost_model must be null, a JSON file path or an object, "
                      f"got {option_text(value)}")
+
+
+#: (cost model source, ITL target) pairs already warned about in this process
+#: (a simulated capacity search builds one scheduler per probe).
+_WARNED: set[tuple[str, float]] = set()
+
+
+def log_plan_basis(slo: SLOOptions, predictor: StepTimePredictor, max_num_seqs: int,
+                   log: logging.Logger) -> None:  # fmt: skip
+    """Log (INFO) the targets, the step-time model the policy starts from and
+    how many decodes (at short contexts) fit the tightest ITL target under
+    it; warn, once per model and target, when not even one does."""
+    model = slo.cost_model
+    itl = min([slo.default.itl_s, *(t.itl_s for t in slo.classes.values())])
+    limit = itl * (1.0 - slo.margin)
+    n = 0
+    while n < max_num_seqs and predictor.decode_time(n + 1, n + 1) <= limit:
+        n += 1
+    log.info(
+        "slo: targets TTFT %g s, ITL %g s%s; step-time model %r (overhead %.1f ms, %.0f µs "
+        "a prompt token, %.0f µs a decode row), %s; under it a decode-only step fits the "
+        "ITL target with up to %d of the %d request slots decoding (short contexts)",
+        slo.default.ttft_s, slo.default.itl_s,
+        f" ({itl:g} s in the tightest priority class)" if itl < slo.default.itl_s else "",
+        model.source or "(no source given)",
+        model.overhead * 1e3, model.a_prefill * 1e6, model.a_decode * 1e6,
+        "corrected online from measured steps" if slo.adapt else "fixed (adapt: false)",
+        n, max_num_seqs)  # fmt: skip
+    if n == 0 and (model.source, itl) not in _WARNED:
+        _WARNED.add((model.source, itl))
+        log.warning(
+            "slo: under its cost model one decode alone takes %.0f ms, over the %g s ITL "
+            "target less the %g margin: steps are planned over the target until measured "
+            "steps correct the model (adapt), for good if they confirm it; raise itl_s or "
+            "give a model calibrated on this machine (paternoster simulate --calibrate)",
+            predictor.decode_time(1, 1) * 1e3, itl, slo.margin)  # fmt: skip

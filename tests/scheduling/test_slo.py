@@ -13,7 +13,7 @@ import logging
 
 import pytest
 
-import paternoster.schedulers.slo as slo_module
+import paternoster.schedulers.slo_options as slo_options
 from paternoster.request import Request, RequestStatus
 from paternoster.sampling_params import SamplingParams
 
@@ -267,7 +267,7 @@ def test_startup_log_names_the_model_and_the_decodes_that_fit(caplog):
 
 def test_startup_warns_once_when_one_decode_is_over_the_target(caplog, monkeypatch):
     """The step's 10 ms overhead alone is over an ITL target of 5 ms."""
-    monkeypatch.setattr(slo_module, "_WARNED", set())
+    monkeypatch.setattr(slo_options, "_WARNED", set())
     with caplog.at_level(logging.WARNING, logger="paternoster.schedulers.slo"):
         for _ in range(2):
             create_scheduler("slo", cost_model=SIMPLE, itl_s=0.005, margin=0.0)

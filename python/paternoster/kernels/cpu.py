@@ -38,6 +38,7 @@ WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4
                   "q4_1": _core.WeightFormat.q4_1, torch.float32: _core.WeightFormat.float32,
                   torch.bfloat16: _core.WeightFormat.bfloat16}
 
+
 @functools.cache
 def torch_gemm_has_amx() -> bool:
     """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later), which
