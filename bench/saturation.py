@@ -82,14 +82,17 @@ def steady_rates(requests: list[dict], skip_s: float) -> tuple[float, float, flo
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (module doc)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mix", default="long", choices=sorted(slo_capacity.MIXES))
     ap.add_argument("--policies", default="fcfs,slo,chunked_prefill:256",
                     help="fcfs, slo (TTFT 2 s, ITL 0.2 s) and chunked_prefill:BUDGET, "
                          "comma-separated")  # fmt: skip
-    ap.add_argument("--concurrency", type=int, default=48)
-    ap.add_argument("--num-prompts", type=int, default=240)
-    ap.add_argument("--skip", type=float, default=20.0, help="seconds left out at the start")
+    ap.add_argument("--concurrency", type=int, default=48, help="closed-loop streams (default 48)")
+    ap.add_argument("--num-prompts", type=int, default=240,
+                    help="requests per policy (default 240; few requests make the "
+                         "steady window short and 'req/s worth' rough)")  # fmt: skip
+    ap.add_argument("--skip", type=float, default=20.0,
+                    help="seconds left out at the start (default 20)")  # fmt: skip
     ap.add_argument("--num-threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", type=Path, default=Path("build/saturation"))

@@ -33,7 +33,7 @@ from paternoster.bench.capacity import Objectives, SearchPlan
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (module doc); the search flags default to
     ``slo_capacity.py``'s."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="a slo_capacity.py --real --fit-timeline run")
     ap.add_argument("--out", type=Path, default=None,
                     help="write the table here too (default: only print it)")  # fmt: skip
@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(defaults, name)
         ap.add_argument(flag, type=type(value), default=value, help=f"default {value}")
     args = ap.parse_args(argv)
+    if not args.run_dir.is_dir():
+        ap.error(f"{args.run_dir}: no such directory")
     if not (args.run_dir / "results.json").is_file():
         ap.error(f"{args.run_dir}: no results.json (not a slo_capacity.py --real run)")
     return args
@@ -54,19 +56,27 @@ def cross_fit(args: argparse.Namespace, log=print) -> str:
     per measured policy its simulated capacity and sim / measured.
 
     Raises:
-        ValueError: a timeline that cannot be fitted (fewer than 5 usable steps).
+        ValueError: ``results.json`` is not a ``--real`` run's, no policy has a
+            timeline (the run lacked ``--fit-timeline``), or a timeline cannot
+            be fitted (fewer than 5 usable steps).
     """
     from paternoster.scheduling.cost_model import CostModel
     from paternoster.simulate.timeline_fit import fit_timeline
 
     run = args.run_dir
-    results = json.loads((run / "results.json").read_text())
+    try:
+        results = json.loads((run / "results.json").read_text())
+        mixes = dict(results["mixes"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{run}/results.json is not a slo_capacity.py --real run's: {e!r}") \
+            from None
     calibrated = run / "cost_model.json"
     slo_config = {"cost_model": str(calibrated.resolve())} if calibrated.is_file() else {}
     objectives = Objectives(args.slo_ttft_p95, args.slo_itl_p95)
     plan = SearchPlan("rate", args.start, 2.0, args.bisect_rounds, 0.02)
     lines = []
-    for mix, per_policy in results["mixes"].items():
+    fitted = 0
+    for mix, per_policy in mixes.items():
         spec = results.get("mix_specs", {}).get(mix, slo_capacity.MIXES[mix])
         measured = {label: (res.get("real") or {}).get("capacity")
                     for label, res in per_policy.items()}  # fmt: skip
@@ -82,6 +92,7 @@ def cross_fit(args: argparse.Namespace, log=print) -> str:
             if not path.is_file():
                 continue
             fit = fit_timeline(json.loads(path.read_text()), source=f"{mix} {source}")
+            fitted += 1
             model: CostModel = fit.cost_model
             cells = []
             for label in labels:
@@ -96,13 +107,20 @@ def cross_fit(args: argparse.Namespace, log=print) -> str:
                          f"{' | '.join(cells)} |")  # fmt: skip
         lines.append(f"| {mix} | measured | "
                      f"{' | '.join(slo_capacity._cap(measured[k]) for k in labels)} |")  # fmt: skip
+    if not fitted:
+        raise ValueError(f"{run}: no <mix>/<policy>.timeline.json to fit; the run needs "
+                         "slo_capacity.py --real --fit-timeline")  # fmt: skip
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print (and with ``--out`` write) the table."""
     args = parse_args(argv)
-    text = cross_fit(args)
+    try:
+        text = cross_fit(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print("cells: simulated capacity in req/s (simulated / measured)\n" + text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -223,7 +223,7 @@ class SLOScheduler(Scheduler):
             work += p
             heapq.heappush(heap, (-p, i, r))
             # ``k`` steps, each paying the decodes, and the prefill work once
-            k = math.ceil(work / per_step - 1e-9)
+            k = math.ceil(work / per_step - 1e-9) if per_step > 0 else 0  # free prefill
             if now + k * self._base + work > self.deadline(r):
                 neg, _, dropped = heapq.heappop(heap)
                 work += neg

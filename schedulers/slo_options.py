@@ -219,7 +219,7 @@ def log_plan_basis(slo: SLOOptions, predictor: StepTimePredictor, max_num_seqs: 
         _WARNED.add((model.source, itl))
         log.warning(
             "slo: under its cost model one decode alone takes %.0f ms, over the %g s ITL "
-            "target less the %g margin: steps are planned over the target until measured "
+            "target less its %g %% margin: steps are planned over the target until measured "
             "steps correct the model (adapt), for good if they confirm it; raise itl_s or "
             "give a model calibrated on this machine (paternoster simulate --calibrate)",
-            predictor.decode_time(1, 1) * 1e3, itl, slo.margin)  # fmt: skip
+            predictor.decode_time(1, 1) * 1e3, itl, 100 * slo.margin)  # fmt: skip

@@ -47,3 +47,10 @@ def test_fcfs_steps_predict_chunked_prefill_as_the_true_model_does(tmp_path):
 def test_a_directory_without_a_run_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         parse_args([str(tmp_path)])
+
+
+def test_a_run_without_timelines_is_an_error(tmp_path):
+    (tmp_path / "results.json").write_text(
+        json.dumps({"mixes": {"long": {"fcfs": {"real": {"capacity": 2.0}}}}}))
+    with pytest.raises(ValueError, match="needs slo_capacity.py --real --fit-timeline"):
+        cross_fit(parse_args([str(tmp_path), *FLAGS]), log=lambda *a, **k: None)

@@ -273,3 +273,17 @@ def test_startup_warns_once_when_one_decode_is_over_the_target(caplog, monkeypat
             create_scheduler("slo", cost_model=SIMPLE, itl_s=0.005, margin=0.0)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "one decode alone takes 12 ms" in warnings[0]
+
+
+def test_a_model_with_free_prefill_plans_without_dividing_by_zero():
+    """a_prefill = 0 (a fitter may clamp a coefficient to 0): nothing divides
+    by the zero prefill rate, and once requests decode, the 0.084 s the three
+    decodes leave holds any prompt whole."""
+    s = slo(cost_model={**SIMPLE, "a_prefill": 0.0})
+    for i in range(3):
+        s.add_request(make(f"d{i}", 10, max_tokens=1000))
+    for _ in range(3):  # nothing decodes yet: one min_chunk_tokens chunk a step
+        step(s)
+    s.add_request(make("p", 300))
+    plan, _ = step(s)
+    assert rows(plan) == {"d0": 1, "d1": 1, "d2": 1, "p": 300}
