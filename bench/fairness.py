@@ -106,6 +106,7 @@ def run_server(policy: str, args: argparse.Namespace, reqs) -> dict[str, TenantL
     import httpx
     from peer_servers import free_port, paternoster_cli, running_server
     from serve import ServeConfig, run_serve
+    from stats import chunk_times
     from workload import BenchRequest, PromptMaker
 
     maker = PromptMaker(seed=args.seed)
@@ -142,8 +143,7 @@ def run_server(policy: str, args: argparse.Namespace, reqs) -> dict[str, TenantL
             if r.sent is None or r.ttft is None:
                 continue
             ttfts.append(r.ttft)
-            start = mine[0].arrival_time + r.sent
-            times = start + r.ttft + np.concatenate([[0.0], np.cumsum(r.itl)])
+            times = chunk_times(mine[0].arrival_time + r.sent, r.ttft, r.itl)
             per_chunk = (r.output_tokens or len(times)) / max(1, len(times))
             load.output_tokens += round(per_chunk * int((times < args.duration).sum()))
         if ttfts:

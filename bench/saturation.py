@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from paternoster.bench import peer_servers, slo_capacity
+from paternoster.bench.stats import chunk_times
 from paternoster.bench.workload import parse_mix
 
 #: Share of requests finished at which the steady window ends.
@@ -73,7 +74,7 @@ def steady_rates(requests: list[dict], skip_s: float) -> tuple[float, float, flo
                          f"finished by {end:.1f} s, before --skip {start:g} s")  # fmt: skip
     prompt = output = 0
     for r in ok:
-        times = r["sent"] + r["ttft"] + np.concatenate([[0.0], np.cumsum(r["itl"])])
+        times = chunk_times(r["sent"], r["ttft"], r["itl"])
         inside = (times >= start) & (times < end)
         prompt += r["prompt_tokens"] * int(inside[0])
         output += int(inside.sum())

@@ -21,6 +21,13 @@ PERCENTILES = (50, 95, 99)
 METRICS = ("ttft", "tpot", "itl", "e2e")
 
 
+def chunk_times(sent: float, ttft: float, itl: Sequence[float]) -> np.ndarray:
+    """When each content chunk of a request arrived: ``sent + ttft``, then
+    each ITL gap added on (seconds on the run's clock; ``[len(itl) + 1]``
+    float64)."""
+    return sent + ttft + np.concatenate([[0.0], np.cumsum(itl, dtype=np.float64)])
+
+
 def describe(values: Sequence[float]) -> dict | None:
     """``mean``, ``std``, ``min``, ``p50``, ``p95``, ``p99``, ``max`` of ``values``
     (same unit), or ``None`` when empty."""
