@@ -170,6 +170,40 @@ def test_sent_requests_turn_their_share_into_waiting_and_errors_release_the_rest
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def test_a_started_generation_that_is_never_streamed_is_aborted_by_release(
+    fake_model_dir, tokenizer, tmp_path
+):
+    """A stream waits for its first output before its status goes out; if the
+    response is then never sent, releasing the generation aborts the request
+    (it does not run to its 200 tokens). A started one that is streamed yields
+    its first delta once, then the rest."""
+    model = _model(fake_model_dir, tmp_path, step_delay=0.02, max_running=1)
+
+    async def main() -> None:
+        client = _client(model, max_waiting_requests=4)
+        await client.start()
+        try:
+            params = SamplingParams(max_tokens=200, ignore_eos=True)
+            gen = Generation(client, tokenizer, "s", [[7, 8]], params,
+                             reservation=client.check_capacity(1, 2))  # fmt: skip
+            await gen.start()
+            assert client.num_in_flight == 1 and len(gen.states[0].token_ids) >= 1
+            gen.release()
+            await _until(lambda: client.num_in_flight == 0, "the started request to abort")
+            assert len(gen.states[0].token_ids) < 200 and client.num_reserved == 0
+
+            params = SamplingParams(max_tokens=5, ignore_eos=True)
+            gen = Generation(client, tokenizer, "t", [[7, 8]], params)
+            await gen.start()
+            async with aclosing(gen.deltas()) as deltas:
+                streamed = [t async for d in deltas for t in d.token_ids]
+            assert streamed == gen.states[0].token_ids and len(streamed) == 5
+        finally:
+            await client.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
 async def _drain(gen: Generation) -> None:
     async with aclosing(gen.deltas()) as deltas:
         async for _ in deltas:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -75,6 +76,7 @@ def test_full_queue_gives_503_at_once_and_queue_timeout_ends_waiters(fake_model_
             body = {"prompt": "Hi", "max_tokens": max_tokens, "stream": True}
             with httpx.stream("POST", url, json=body, timeout=30) as r:
                 results[name] = [line for line in r.iter_lines() if line]
+                results[name + " status"] = r.status_code, r.headers.get("retry-after")
 
         runner = threading.Thread(target=stream, args=("runner", 60))  # 3 s of steps
         runner.start()
@@ -91,10 +93,10 @@ def test_full_queue_gives_503_at_once_and_queue_timeout_ends_waiters(fake_model_
         assert "max-waiting-requests" in r.json()["error"]["message"]
         for t in waiters:
             t.join(10)
-        for name in ("w0", "w1"):  # timed out in the queue: an error event, then [DONE]
-            events = results[name]
-            assert '"error"' in events[-2] and "queue" in events[-2], events
-            assert events[-1] == "data: [DONE]"
+        for name in ("w0", "w1"):  # timed out in the queue before any output: a 503
+            assert results[name + " status"] == (503, "1"), results[name]
+            error = json.loads("".join(results[name]))["error"]
+            assert error["code"] == 503 and "queue" in error["message"], error
         runner.join(10)
         assert results["runner"][-1] == "data: [DONE]"
         assert '"error"' not in "".join(results["runner"])

@@ -61,13 +61,30 @@ def test_the_priority_class_target_applies_and_an_explicit_field_overrides_it(sl
     assert post(slo_server, {"priority": 0}).status_code == 200
 
 
-def test_a_shed_stream_ends_with_an_error_event(slo_server):
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses"])
+def test_a_shed_stream_is_a_503_before_any_event(slo_server, path):
+    """Refused before any output: the stream's status is still free, so the
+    client sees 503 with Retry-After (and OpenAI's clients retry it) rather
+    than 200 and an error event."""
+    inputs = {"/v1/completions": {"prompt": "Hello", "max_tokens": 4},
+              "/v1/responses": {"input": "Hello", "max_output_tokens": 4},
+              "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello"}],
+                                       "max_tokens": 4}}  # fmt: skip
+    body = {**inputs[path], "stream": True, "slo_ttft_s": 0.001}
+    with httpx.stream("POST", slo_server.url + path, json=body, timeout=60) as r:
+        body = r.read()
+    assert r.status_code == 503 and r.headers.get("retry-after") == "1", body
+    assert_shed(json.loads(body)["error"])
+
+
+def test_a_served_stream_still_streams(slo_server):
     with httpx.stream("POST", slo_server.url + "/v1/completions", timeout=60, json={
-        "prompt": "Hello", "max_tokens": 4, "stream": True, "slo_ttft_s": 0.001,
+        "prompt": "Hello", "max_tokens": 4, "stream": True, "ignore_eos": True,
     }) as r:  # fmt: skip
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     assert events[-1] == "[DONE]"
-    assert_shed(json.loads(events[-2])["error"])
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
 
 
 @pytest.mark.parametrize(("field", "value"), [

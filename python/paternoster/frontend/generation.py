@@ -56,6 +56,7 @@ class Generation:
         self.request_id = request_id
         self.prompts = prompts
         self.n = params.n
+        self._started: tuple[AsyncIterator[ChoiceDelta], list[ChoiceDelta]] | None = None
         self.jobs = []
         for p, ids in enumerate(prompts):
             for index, req in fan_out(request_id, ids, params, p * params.n, priority,
@@ -64,9 +65,34 @@ class Generation:
 
     def release(self) -> None:
         """Give back the reserved waiting-queue room of the choices not sent to
-        the engine (all of them when :meth:`deltas` never ran). Idempotent."""
+        the engine (all of them when :meth:`deltas` never ran), and abort the
+        requests :meth:`start` sent if :meth:`deltas` never took them over.
+        Idempotent; call it on the event loop."""
+        if self._started is not None:
+            stream, self._started = self._started[0], None
+            asyncio.ensure_future(stream.aclose())  # type: ignore[attr-defined]
         if self.reservation is not None:
             self.reservation.release()
+
+    async def start(self) -> None:
+        """Send the requests and wait for the first delta (or the end), which
+        :meth:`deltas` then yields first.
+
+        A stream awaits this before its HTTP status goes out, so that a
+        request the engine refuses before any output (load shedding, queue
+        timeout, a dead engine) gets its own status instead of 200 and an
+        error event. Cancelling it aborts the requests.
+
+        Raises:
+            EngineDeadError, RequestRejectedError, EngineOverloadedError: from
+                the engine client, before any output.
+        """
+        stream = self._deltas()
+        try:
+            head = [await anext(stream)]
+        except StopAsyncIteration:
+            head = []
+        self._started = (stream, head)
 
     @property
     def states(self) -> list[SequenceState]:
@@ -88,7 +114,8 @@ class Generation:
         return sum(len(s.token_ids) for s in self.states)
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
-        """Run every choice concurrently and yield their deltas as they come.
+        """Run every choice concurrently and yield their deltas as they come
+        (after :meth:`start`, the run it began).
 
         Closing this iterator aborts the engine requests still running and
         releases the reserved room of choices that were never sent.
@@ -97,6 +124,16 @@ class Generation:
             EngineDeadError, RequestRejectedError, EngineOverloadedError: from
                 the engine client (the other choices are aborted).
         """
+        stream, head = self._started or (self._deltas(), [])
+        self._started = None
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            for d in head:
+                yield d
+            async for d in stream:
+                yield d
+
+    async def _deltas(self) -> AsyncIterator[ChoiceDelta]:
+        """The run behind :meth:`deltas`."""
         queue: asyncio.Queue = asyncio.Queue()
         tracker = (self.metrics.track(self.num_prompt_tokens, self.tenant)
                    if self.metrics else None)  # fmt: skip

@@ -55,6 +55,7 @@ from paternoster.entrypoints.openai.sse import (
     error_event,
     event,
     run_until_disconnect,
+    start_stream,
 )
 from paternoster.frontend.errors import (
     EngineDeadError,
@@ -134,6 +135,7 @@ class OpenAIServing(ChatServing):
                 echo = [self._echo_text(ids, text)
                         for ids, text in zip(gen.prompts, setup.texts)]  # fmt: skip
             if body.stream:
+                await start_stream(raw, gen)
                 return EventStream(self._completion_stream(setup, echo, want_logprobs),
                                     gen.release)  # fmt: skip
             await run_until_disconnect(raw, consume(gen))

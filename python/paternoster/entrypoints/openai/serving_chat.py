@@ -37,6 +37,7 @@ from paternoster.entrypoints.openai.sse import (
     error_event,
     event,
     run_until_disconnect,
+    start_stream,
 )
 from paternoster.entrypoints.openai.tool_calls import ToolPlan, plan_tools
 from paternoster.frontend.errors import (
@@ -98,6 +99,7 @@ class ChatServing:
         gen = setup.gen
         try:  # every way out before the requests are sent gives their room back
             if body.stream:
+                await start_stream(raw, gen)
                 reasoning = self._reasoning_plan(body, setup.texts[0])
                 return EventStream(self._chat_stream(setup, body.logprobs, plan, reasoning),
                                    gen.release)  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from fastapi import Request
@@ -61,16 +61,39 @@ class EventStream(StreamingResponse):
         return EventStream(fn(self.body_iterator), self._on_close)
 
 
-async def consume(gen: Generation) -> None:
-    """Run a generation to the end; engine errors become :class:`APIError`."""
+@contextlib.contextmanager
+def api_errors() -> Iterator[None]:
+    """Turn engine errors raised inside into :class:`APIError` (400 for a
+    refused request, 503 for a dead engine); ``EngineOverloadedError`` passes
+    through to the app's 503 with ``Retry-After``."""
     try:
-        async with contextlib.aclosing(gen.deltas()) as deltas:
-            async for _ in deltas:
-                pass
+        yield
     except RequestRejectedError as e:
         raise bad_request(str(e)) from e
     except EngineDeadError as e:
         raise APIError(503, f"engine is not running: {e}") from e
+
+
+async def consume(gen: Generation) -> None:
+    """Run a generation to the end; engine errors become :class:`APIError`."""
+    with api_errors():
+        async with contextlib.aclosing(gen.deltas()) as deltas:
+            async for _ in deltas:
+                pass
+
+
+async def start_stream(raw: Request, gen: Generation) -> None:
+    """Wait for a streamed generation's first output before its 200 goes out
+    (:meth:`Generation.start`), so that a request refused before any output
+    gets a real status: 503 with ``Retry-After`` when shed or timed out in the
+    queue, 400 when refused, 503 when the engine is down.
+
+    Raises:
+        APIError, EngineOverloadedError: as above.
+        ClientDisconnected: the client went away first (the requests are aborted).
+    """
+    with api_errors():
+        await run_until_disconnect(raw, gen.start())
 
 
 async def _wait_for_disconnect(raw: Request) -> None:
