@@ -130,6 +130,7 @@ class SLOScheduler(Scheduler):
         self._time_left = 0.0
         self._first_chunk = True
         self._rows = 0  # tokens of the step scheduled so far (schedule_waiting)
+        self._num_decodes = 0  # decode rows of the step being planned
         self._gaps = 0.0
         self._misses = 0.0
         self.num_rescued = 0
@@ -191,6 +192,7 @@ class SLOScheduler(Scheduler):
         now = self._now = self.clock()
         decoding = [r for r in running if self.is_decoding(r)]
         prefilling = [r for r in running if not self.is_decoding(r)]
+        self._num_decodes = len(decoding)
         pred = self.predictor
         self._base = pred.decode_time(len(decoding), sum(r.num_computed_tokens + 1
                                                          for r in decoding))  # fmt: skip
@@ -239,10 +241,13 @@ class SLOScheduler(Scheduler):
         floor = self.predictor.chunk_time(self.slo.min_chunk_tokens, 0)
         return max(self._target - self._base, floor)
 
-    def _work(self, request: Request) -> float:
-        """Prefill seconds ``request`` still needs (no per-step overhead)."""
+    def _work(self, request: Request, rows_before: int | None = None) -> float:
+        """Prefill seconds ``request`` still needs (no per-step overhead), in
+        a step with ``rows_before`` tokens ahead of it (default: this step's
+        decodes, which run first)."""
         remaining = request.num_tokens - request.num_computed_tokens
-        return self.predictor.chunk_time(remaining, request.num_computed_tokens)
+        rows = self._num_decodes if rows_before is None else rows_before
+        return self.predictor.chunk_time(remaining, request.num_computed_tokens, rows)
 
     def _chunk(self, request: Request, seconds: float, first: bool, budget: int,
                rows_before: int) -> int:  # fmt: skip
@@ -307,21 +312,24 @@ class SLOScheduler(Scheduler):
         tokens, slots = self._room(running, decoding)
         plan: dict[str, int] = {}
         work = 0.0
+        rows = len(decoding)
         for r in self._order:
             waiting = r.status in _WAITING
             remaining = r.num_tokens - r.num_computed_tokens
             late = r.request_id in self._late
             fits = remaining <= tokens and self._admissible(r, slots)
-            if late and fits and now + self._base + work + self._work(r) <= self.deadline(r):
+            cost = self._work(r, rows)
+            if late and fits and now + self._base + work + cost <= self.deadline(r):
                 plan[r.request_id] = remaining
-                work += self._work(r)
+                work += cost
                 break
             if late or not fits:
                 continue
             plan[r.request_id] = remaining
-            work += self._work(r)
+            work += cost
             tokens -= remaining
             slots -= waiting
+            rows += remaining
         else:
             return  # no late request can be saved
         t = self._base + work
@@ -401,8 +409,9 @@ class SLOScheduler(Scheduler):
     def _shed(self, out: SchedulerOutput) -> None:
         """Refuse each waiting request that has not started and would miss its
         deadline even if its whole prompt ran in this step."""
+        rows = sum(out.num_scheduled_tokens)  # the decodes, ahead of its prompt
         for r in [r for r in self.waiting if r.num_output_tokens == 0]:
-            finish = self._now + self._base + self._work(r)
+            finish = self._now + self._base + self._work(r, rows)
             if finish > self.deadline(r):
                 target = self.slo.targets(r).ttft_s
                 self.reject(r, out, f"load shedding: cannot meet the TTFT target of "

@@ -191,6 +191,22 @@ def test_rescue_waits_until_the_budget_has_room():
     assert rows(plan)["L"] == 84 and s.num_rescued == 0
 
 
+def test_rescue_counts_the_first_tokens_term_once_after_the_decodes():
+    """1 ms more for each of a step's first 10 tokens: the three decodes take
+    10 + 3 x 2 + 3 x 1 = 19 ms; L's 300 tokens after them cost 300 + 7 x 1 =
+    307 ms (rows 4-10 pay the term). Deadline 0.327 s: whole in one step it
+    makes it (0.019 + 0.307 = 0.326) though not in ITL-bound chunks (4 steps:
+    4 x 0.019 + 0.307 = 0.383), so it is rescued. Counting the term as if L
+    were the step's first row (310 ms) would give it up (0.329)."""
+    kneed = {**SIMPLE, "a_first_tokens": 0.001, "first_tokens": 10}
+    s = slo(cost_model=kneed, itl_miss_budget=0.04)
+    with_three_decoders(s)
+    _spend_decode_steps(s, 134)
+    s.add_request(make("L", 300, slo_ttft_s=0.327))
+    plan, _ = step(s)
+    assert rows(plan)["L"] == 300 and s.num_rescued == 1
+
+
 def test_targets_resolve_request_then_class_then_default():
     s = slo(ttft_s=2.0, itl_s=0.2, classes={"1": {"ttft_s": 0.5}, "2": {"itl_s": 0.05}})
     t = s.slo.targets
