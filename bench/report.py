@@ -62,12 +62,16 @@ def format_summary(result: ServeResult) -> str:
     )
     out += row("Errors", f"{s['num_errors']} ({100 * s['error_rate']:.1f} % of sent)")
     out += row("Duration (s)", _num(s["duration"]))
-    out += row(
-        "Offered rate: schedule / sent (req/s)",
-        f"{_num(s['offered_rate'])} / {_num(s['send_rate'])}",
-    )
-    lag = s["max_send_lag"]
-    out += row("Max send lag behind schedule (ms)", _num(None if lag is None else 1e3 * lag, ".1f"))
+    if math.isinf(c.request_rate) and not c.trace_timing:  # closed loop or burst: no schedule
+        out += row("Send rate (req/s)", _num(s["send_rate"]))
+    else:
+        out += row(
+            "Offered rate: schedule / sent (req/s)",
+            f"{_num(s['offered_rate'])} / {_num(s['send_rate'])}",
+        )
+        lag = s["max_send_lag"]
+        out += row("Max send lag behind schedule (ms)",
+                   _num(None if lag is None else 1e3 * lag, ".1f"))  # fmt: skip
     out += row("Request throughput (req/s)", _num(s["request_throughput"]))
     out += row("Output token throughput (tok/s)", _num(s["output_throughput"], ".1f"))
     out += row("Total token throughput (tok/s)", _num(s["total_token_throughput"], ".1f"))

@@ -110,6 +110,7 @@ def test_cli_serve_writes_json_and_png(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "Serving benchmark" in text and "Goodput" in text and "model stub" in text
+    assert "Offered rate: schedule / sent" in text and "send lag" in text
     data = json.loads(out.read_text())
     assert data["summary"]["num_completed"] == 10
     assert data["summary"]["total_output_tokens"] == 60
@@ -154,3 +155,15 @@ def test_cli_trace_timing_replays_arrival_times(tmp_path):
     recs = json.loads(out.read_text())["requests"]
     assert [r["scheduled"] for r in recs] == pytest.approx(times)
     assert all(abs(r["sent"] - r["scheduled"]) < 0.05 for r in recs)
+
+
+def test_a_closed_loop_reports_no_schedule_or_send_lag(capsys):
+    """A concurrency cap with no rate has no schedule: "offered inf" and a
+    lag behind time 0 would mean nothing."""
+    with StubServer(ttft=0.01, itl=0.005) as srv:
+        rc = bench_main(["serve", "--base-url", srv.url, "--dataset", "random", "--input-len", "8",
+                         "--output-len", "3", "--num-prompts", "6", "--max-concurrency", "2",
+                         "--no-progress"])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0 and "Send rate (req/s)" in text
+    assert "Offered rate" not in text and "send lag" not in text and "inf" not in text

@@ -132,6 +132,14 @@ def test_connect_to_nothing_times_out():
         asyncio.run(AsyncClient.connect(address, timeout=0.2))
 
 
+@pytest.mark.parametrize("address", ["localhost:5555", "http://127.0.0.1:5555", "tcp://"])
+def test_an_address_zeromq_refuses_is_a_value_error_naming_it(address):
+    with pytest.raises(ValueError, match=f"got '{address}'"):
+        Client(address, timeout=0.3)
+    with pytest.raises(ValueError, match="ZeroMQ endpoint such as tcp://"):
+        asyncio.run(AsyncClient.connect(address, timeout=0.3))
+
+
 def test_overload_and_dead_engine_errors(fake_model_dir):
     opts = {"step_delay": 0.05, "max_running": 1}
     with zmq_server(fake_model_dir, opts, "--max-waiting-requests", "1") as srv:

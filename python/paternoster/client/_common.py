@@ -234,10 +234,26 @@ def unpack(frame: bytes, max_bytes: int) -> dict:
     return msg
 
 
-def configure(sock: zmq.Socket, max_message_bytes: int) -> None:
-    """Socket options of a client DEALER: no linger, bounded incoming frames."""
+def dealer(ctx: zmq.Context, address: str, max_message_bytes: int) -> zmq.Socket:
+    """A client DEALER on ``ctx`` (no linger, incoming frames bounded by
+    ``max_message_bytes``) connected to ``address``; ZeroMQ connects lazily,
+    so no server needs to run yet.
+
+    Raises:
+        ValueError: ZeroMQ refuses ``address`` (not ``tcp://HOST:PORT`` or
+            ``ipc://PATH``); ``ctx`` is terminated.
+    """
+    sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    try:
+        sock.connect(address)
+    except zmq.ZMQError as e:
+        sock.close(0)
+        ctx.term()
+        raise ValueError(f"address must be a ZeroMQ endpoint such as tcp://127.0.0.1:5555 or "
+                         f"ipc:///tmp/paternoster.ipc, got {address!r} ({e})") from None
+    return sock
 
 
 def hello_message(api_key: str | None, client_name: str | None) -> dict:

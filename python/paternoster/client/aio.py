@@ -36,7 +36,7 @@ from paternoster.client._common import (
     Completion,
     Delta,
     ProtocolError,
-    configure,
+    dealer,
     delta_from,
     error_from,
     generate_message,
@@ -89,11 +89,10 @@ class AsyncClient:
         Raises:
             TimeoutError: no ``welcome`` in time.
             ProtocolError: the handshake failed (``unauthorized``, ``unsupported_version``).
+            ValueError: ``address`` is not a ZeroMQ endpoint.
         """
         ctx = zmq.asyncio.Context()
-        sock = ctx.socket(zmq.DEALER)
-        configure(sock, max_incoming_bytes)
-        sock.connect(address)
+        sock = dealer(ctx, address, max_incoming_bytes)
         self = cls(sock, ctx, timeout, max_incoming_bytes)
         self._reader = asyncio.create_task(self._read_loop())
         self._hello = pack(hello_message(api_key, client_name))

@@ -30,7 +30,7 @@ from paternoster.client._common import (
     Completion,
     Delta,
     ProtocolError,
-    configure,
+    dealer,
     delta_from,
     error_from,
     generate_message,
@@ -56,6 +56,7 @@ class Client:
     Raises:
         TimeoutError: no ``welcome`` within ``timeout`` seconds (server down?).
         ProtocolError: the handshake failed (``unauthorized``, ``unsupported_version``).
+        ValueError: ``address`` is not a ZeroMQ endpoint.
     """
 
     def __init__(
@@ -69,9 +70,7 @@ class Client:
         self.timeout = timeout
         self._max_in = max_incoming_bytes
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        configure(self._sock, max_incoming_bytes)
-        self._sock.connect(address)
+        self._sock = dealer(self._ctx, address, max_incoming_bytes)
         self._inbox: dict[str, deque] = {}  # request id -> its messages not yet read
         self._replies: deque = deque()  # models / health / welcome / id-less errors
         self._draining: set[str] = set()  # aborted here; their final is still to come
