@@ -30,6 +30,7 @@ import numpy as np
 from paternoster.bench import peer_servers, slo_capacity
 from paternoster.bench.stats import chunk_times
 from paternoster.bench.workload import parse_mix
+from paternoster.scheduling.registry import available_schedulers
 
 #: Share of requests finished at which the steady window ends.
 DONE_QUANTILE = 0.75
@@ -98,30 +99,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--out", type=Path, default=Path("build/saturation"))
     args = ap.parse_args(argv)
-    args.serve = []
-    for name in filter(None, (p.strip() for p in args.policies.split(","))):
+    try:
+        args.serve = serve_flags(args.policies)
+    except ValueError as e:
+        ap.error(str(e))
+    return args
+
+
+def serve_flags(policies: str) -> list[tuple[str, list[str]]]:
+    """``(label, paternoster serve flags)`` per comma-separated policy: fcfs,
+    slo (TTFT 2 s, ITL 0.2 s) or chunked_prefill:BUDGET.
+
+    Raises:
+        ValueError: an unknown scheduler or a budget that is not a token count
+            (the message names ``--policies``), before any server starts.
+    """
+    serve = []
+    known = available_schedulers()
+    for name in filter(None, (p.strip() for p in policies.split(","))):
         sched, _, budget = name.partition(":")
+        if sched not in known:
+            raise ValueError(f"--policies: unknown scheduler {sched!r}; installed: "
+                             f"{', '.join(known)}")  # fmt: skip
         flags = ["--scheduler", sched]
         if sched == "slo":
             flags += ["--scheduler-config", '{"ttft_s": 2, "itl_s": 0.2}']
         if budget:
             if not budget.isdigit():
-                ap.error(f"--policies: {name!r}: the budget after ':' must be tokens")
+                raise ValueError(f"--policies: {name!r}: the budget after ':' must be tokens")
             flags += ["--max-num-batched-tokens", budget]
-        args.serve.append((name, flags))
-    return args
+        serve.append((name, flags))
+    return serve
 
 
-def run_policy(name: str, flags: list[str], spec: str, args: argparse.Namespace) -> dict:
-    """Serve with ``flags``, run the closed loop, return the bench JSON."""
+def run_policy(name: str, flags: list[str], spec: str, args: argparse.Namespace,
+               load: list[str] | None = None) -> dict:  # fmt: skip
+    """Serve with ``flags``, send ``args.num_prompts`` requests of ``spec``
+    (``load``: the ``bench serve`` load flags; default the closed loop at
+    ``args.concurrency``), return the bench JSON (also written under
+    ``args.out``)."""
     port = peer_servers.free_port()
     cli = peer_servers.paternoster_cli()
     out = args.out / f"{args.mix}-{name.replace(':', '-')}.json"
     cmd = [cli, "serve", "--port", str(port), "--num-threads", str(args.num_threads), *flags]
+    load = load or ["--max-concurrency", str(args.concurrency)]
     with peer_servers.running_server(cmd, port, out.with_suffix(".log"), 600) as url:
         subprocess.run([cli, "bench", "serve", "--base-url", url, "--mix", spec, "--ignore-eos",
-                        "--seed", str(args.seed), "--warmup", "4", "--no-progress",
-                        "--max-concurrency", str(args.concurrency),
+                        "--seed", str(args.seed), "--warmup", "4", "--no-progress", *load,
                         "--num-prompts", str(args.num_prompts),
                         "--max-model-len", str(slo_capacity.DEFAULT_MAX_MODEL_LEN),
                         "--json", str(out)], check=True)  # fmt: skip

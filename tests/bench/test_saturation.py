@@ -46,3 +46,9 @@ def test_policies_are_parsed_into_serve_flags():
                                                    "--max-num-batched-tokens", "256"])]  # fmt: skip
     with pytest.raises(SystemExit):
         parse_args(["--policies", "chunked_prefill:big"])
+
+
+def test_an_unknown_policy_is_refused_before_any_server_starts(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--policies", "fcfs,sol"])
+    assert "unknown scheduler 'sol'" in capsys.readouterr().err
