@@ -17,6 +17,7 @@ Machine Balance", 1995), counting bytes read plus bytes written.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +56,58 @@ class BandwidthProbe:
         self.dst.copy_(self.src)
         copy = 2 * self.nbytes / (time.perf_counter() - t)
         return read, copy
+
+
+class BandwidthMonitor:
+    """Read bandwidth sampled in a background thread while something else
+    runs (a server under load), so that runs made one after another on a VM
+    whose bandwidth drifts can be told apart.
+
+    Each sample is one :meth:`BandwidthProbe.sample` (a 256 MiB read and
+    copy: tens of milliseconds of memory traffic every ``interval_s``, a
+    small, brief load on the machine being measured).
+
+    Args:
+        interval_s: seconds between samples (> 0); the first is taken at
+            :meth:`start`.
+        sample: returns read bytes/s; default a :class:`BandwidthProbe` of
+            256 MiB sampled with torch's current thread count.
+    Raises:
+        ValueError: ``interval_s`` <= 0.
+    """
+
+    def __init__(self, interval_s: float = 30.0,
+                 sample: Callable[[], float] | None = None) -> None:  # fmt: skip
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.interval_s = interval_s
+        self._sample = sample
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> BandwidthMonitor:
+        """Start sampling (the first sample at once). Returns ``self``."""
+        if self._sample is None:
+            probe = BandwidthProbe(256)
+            self._sample = lambda: probe.sample()[0]
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(self._sample())
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self) -> list[float]:
+        """Stop sampling and return every sample, read bytes/s, in order."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return list(self.samples)
 
 
 @dataclass

@@ -9,7 +9,10 @@ a rate it cannot sustain (docs/benchmarks.md, "300 s probes"). Per policy
 and rate this starts a fresh ``paternoster serve``, sends the mix at the
 Poisson rate for ``--duration`` seconds with ``paternoster bench serve``,
 and reports p95 TTFT / p95 ITL of the requests sent in each window of
-``--window`` seconds and of the whole run. A rate **holds** when the whole
+``--window`` seconds and of the whole run, and the machine's read bandwidth
+sampled every ``--bandwidth-interval`` seconds during the run (minimum /
+median), so that runs made on a VM whose memory bandwidth drifts can be told
+apart. A rate **holds** when the whole
 run and its last window both meet the objectives: a backlog that grows
 shows in the last window's TTFT, a running batch that grows in its ITL.
 """
@@ -25,6 +28,7 @@ import numpy as np
 
 from paternoster.bench import saturation, slo_capacity
 from paternoster.bench.capacity import Objectives
+from paternoster.bench.memory_limit import BandwidthMonitor
 
 #: A window with fewer successful requests than this reports no percentile.
 MIN_WINDOW_REQUESTS = 5
@@ -92,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--slo-itl-p95", type=float, default=0.2, help="seconds (default 0.2)")
     ap.add_argument("--num-threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bandwidth-interval", type=float, default=30.0,
+                    help="seconds between read-bandwidth samples during a run (default 30)")
     ap.add_argument("--out", type=Path, default=Path("build/sustained"))
     args = ap.parse_args(argv)
     try:
@@ -103,7 +109,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--rates: request rates > 0, got {args.rates!r}")
     if not 0 < args.window <= args.duration:
         ap.error(f"--window must be in (0, --duration], got {args.window:g}")
+    if not args.bandwidth_interval > 0:
+        ap.error(f"--bandwidth-interval must be > 0, got {args.bandwidth_interval:g}")
     return args
+
+
+def bandwidth_cell(samples: list[float]) -> str:
+    """``"min / median"`` of read-bandwidth samples in GB/s, or ``"-"``.
+
+    Args:
+        samples: bytes per second.
+    """
+    if not samples:
+        return "-"
+    return f"{min(samples) / 1e9:.1f} / {float(np.median(samples)) / 1e9:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,17 +132,24 @@ def main(argv: list[str] | None = None) -> int:
     spec = slo_capacity.MIXES[args.mix]
     edges = np.arange(0.0, args.duration, args.window)
     heads = [f"{a:.0f}-{b:.0f} s" for a, b in zip(edges, [*edges[1:], args.duration])]
-    rows = [f"| policy | rate (req/s) | offered | {' | '.join(heads)} | whole run | holds |",
-            "|---|---:|---:|" + "---|" * len(heads) + "---|---|"]  # fmt: skip
+    rows = [f"| policy | rate (req/s) | offered | {' | '.join(heads)} | whole run | holds "
+            "| read GB/s (min / median) |",
+            "|---|---:|---:|" + "---|" * len(heads) + "---|---|---:|"]  # fmt: skip
     for rate in args.rate_list:
         for name, flags in args.serve:
             args.num_prompts = max(1, round(rate * args.duration))
             run = argparse.Namespace(**{**vars(args), "out": args.out / f"rate-{rate:g}"})
             run.out.mkdir(parents=True, exist_ok=True)
-            res = saturation.run_policy(name, flags, spec, run, ["--request-rate", str(rate)])
+            monitor = BandwidthMonitor(args.bandwidth_interval).start()
+            try:
+                res = saturation.run_policy(name, flags, spec, run,
+                                            ["--request-rate", str(rate)])  # fmt: skip
+            finally:
+                bandwidth = monitor.stop()
             cells, holds = verdict(res["requests"], args.duration, args.window, objectives)
             rows.append(f"| {name} | {rate:g} | {res['summary']['offered_rate']:.2f} | "
-                        f"{' | '.join(cells)} | {'yes' if holds else 'no'} |")  # fmt: skip
+                        f"{' | '.join(cells)} | {'yes' if holds else 'no'} | "
+                        f"{bandwidth_cell(bandwidth)} |")  # fmt: skip
             print(rows[-1], flush=True)
     print(f"mix {args.mix}: {spec}; p95 TTFT / p95 ITL of the requests sent in each "
           f"window; objectives p95 TTFT <= {args.slo_ttft_p95:g} s, p95 ITL <= "

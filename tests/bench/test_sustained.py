@@ -4,11 +4,13 @@ by hand on small runs (no server)."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
 from paternoster.bench.capacity import Objectives
-from paternoster.bench.sustained import parse_args, verdict, window_p95
+from paternoster.bench.memory_limit import BandwidthMonitor
+from paternoster.bench.sustained import bandwidth_cell, parse_args, verdict, window_p95
 
 OBJ = Objectives(ttft_p95=2.0, itl_p95=0.2)
 
@@ -51,3 +53,34 @@ def test_bad_arguments_are_named():
         parse_args(["--rates", "1", "--window", "900"])
     with pytest.raises(ValueError, match="--window"):
         verdict([], duration=10, window=0, objectives=OBJ)
+
+
+def test_bandwidth_cell_gives_min_and_median_in_gb_per_s():
+    assert bandwidth_cell([20e9, 8e9, 22e9]) == "8.0 / 20.0"
+    assert bandwidth_cell([]) == "-"
+
+
+def test_the_monitor_samples_until_stopped():
+    """A counting sampler at a 10 ms interval: the first sample comes at
+    start, more while running, none after stop."""
+    calls = []
+
+    def sample() -> float:
+        calls.append(time.monotonic())
+        return 1e9 * len(calls)
+
+    monitor = BandwidthMonitor(0.01, sample).start()
+    time.sleep(0.1)
+    samples = monitor.stop()
+    n = len(calls)
+    time.sleep(0.05)
+    assert len(calls) == n >= 3
+    assert samples == [1e9 * (i + 1) for i in range(n)]
+    with pytest.raises(ValueError, match="interval_s"):
+        BandwidthMonitor(0)
+
+
+def test_bandwidth_interval_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--rates", "1", "--bandwidth-interval", "0"])
+    assert "--bandwidth-interval" in capsys.readouterr().err
