@@ -11,8 +11,8 @@ Poisson rate for ``--duration`` seconds with ``paternoster bench serve``,
 and reports p95 TTFT / p95 ITL of the requests sent in each window of
 ``--window`` seconds and of the whole run, and the machine's read bandwidth
 sampled every ``--bandwidth-interval`` seconds during the run (minimum /
-median), so that runs made on a VM whose memory bandwidth drifts can be told
-apart. A rate **holds** when the whole
+median): what the server leaves of it, so compare it only between runs of
+one load, to tell apart runs made on a VM whose bandwidth drifts. A rate **holds** when the whole
 run and its last window both meet the objectives: a backlog that grows
 shows in the last window's TTFT, a running batch that grows in its ITL.
 """
