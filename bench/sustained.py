@@ -9,12 +9,14 @@ a rate it cannot sustain (docs/benchmarks.md, "300 s probes"). Per policy
 and rate this starts a fresh ``paternoster serve``, sends the mix at the
 Poisson rate for ``--duration`` seconds with ``paternoster bench serve``,
 and reports p95 TTFT / p95 ITL of the requests sent in each window of
-``--window`` seconds and of the whole run, and the machine's read bandwidth
-sampled every ``--bandwidth-interval`` seconds during the run (minimum /
-median): what the server leaves of it, so compare it only between runs of
-one load, to tell apart runs made on a VM whose bandwidth drifts. A rate **holds** when the whole
+``--window`` seconds and of the whole run. A rate **holds** when the whole
 run and its last window both meet the objectives: a backlog that grows
 shows in the last window's TTFT, a running batch that grows in its ITL.
+
+Each row also gives the read bandwidth sampled every
+``--bandwidth-interval`` seconds during the run (minimum / median). It is
+what the server leaves over, so compare it only between runs at one load;
+it tells apart runs made on a VM whose bandwidth drifts.
 """
 
 from __future__ import annotations
