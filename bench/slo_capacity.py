@@ -3,6 +3,7 @@ objectives, in the simulator and (``--real``) on the real server, in one run.
 
     .venv/bin/python bench/slo_capacity.py                 # simulator only, both mixes (~1 min)
     .venv/bin/python bench/slo_capacity.py --real          # + real servers (hours; quiet machine)
+    .venv/bin/python bench/slo_capacity.py --ceiling       # + each policy with the queue full
 
 The capacity is the highest Poisson request rate at which p95 TTFT and p95
 ITL stay within their objectives (default 2 s and 0.2 s), found by
@@ -42,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from paternoster.bench import peer_servers
 from paternoster.bench.capacity import CapacityResult, Objectives, SearchPlan, find_capacity
 from paternoster.bench.workload import PromptMaker, arrival_offsets, make_mix, parse_mix
@@ -51,6 +54,8 @@ from paternoster.bench.workload import PromptMaker, arrival_offsets, make_mix, p
 LONG_MIX = ("short=0.6:16-256:8-64,summary=0.25:256-1024:64-256,"
             "long_gen=0.1:16-128:256-512,long_prompt=0.05:1024-2048:8-64")  # fmt: skip
 MIXES = {"cpu": peer_servers.CPU_MIX, "long": LONG_MIX}
+#: ``--ceiling``: the offered rate as a multiple of the capacity found.
+CEILING_OVERLOAD = 4.0
 #: Granularity of the scaled long class's lengths (tokens).
 LONG_STEP = 64
 
@@ -192,6 +197,66 @@ def sim_probe(policy: Policy, mix: str, load: float, args: argparse.Namespace,
                    max_num_batched_tokens=policy.max_num_batched_tokens,
                    max_model_len=args.max_model_len)  # fmt: skip
     return sim_summary(res)
+
+
+def sim_ceiling(policy: Policy, mix: str, capacity: float | None, args: argparse.Namespace,
+                cost_model) -> dict:  # fmt: skip
+    """What ``policy`` finishes per second with the queue full, in the simulator.
+
+    ``--ceiling-requests`` requests of ``mix`` arrive at :data:`CEILING_OVERLOAD`
+    times ``capacity`` (at least ``--start``), so a backlog builds from the
+    first seconds and lasts almost to the end. No policy's capacity within
+    the objectives can exceed the highest such rate (the machine's ceiling
+    for this mix), and a policy's own rate bounds its own capacity, whichever
+    objective it keeps (docs/benchmarks.md, "The machine's ceiling").
+
+    Returns:
+        ``{"offered": req/s, "finished": req/s, "itl_p95": s}``, over the
+        span the queue was full: from a quarter of the way to the last
+        admission (the batch has filled) to that admission (after it the
+        batch drains). ``finished`` is the tokens computed in that span
+        (prompt and output) over the trace's mean per request
+        (``prompt_len + output_len - 1``: the first output token comes with
+        the prefill), so it does not depend on which requests a policy ran
+        then; ``itl_p95`` pools the decode gaps that ended in the span.
+    """
+    from paternoster.simulate import simulate
+
+    rate = CEILING_OVERLOAD * max(capacity or 0.0, args.start)
+    trace = sim_trace(mix, rate, args.ceiling_requests, args.seed, args.max_model_len)
+    res = simulate(trace, policy.scheduler, policy.config, cost_model,
+                   max_num_batched_tokens=policy.max_num_batched_tokens,
+                   max_model_len=args.max_model_len)  # fmt: skip
+    done = [r for r in res.requests if r.token_times]
+    end = max(r.first_scheduled_time for r in done)
+    start = trace[0].arrival_time + (end - trace[0].arrival_time) / 4
+    tokens = sum(s.prefill_tokens + s.decode_tokens for s in res.steps if start <= s.start < end)
+    per_request = float(np.mean([t.prompt_len + t.output_len - 1 for t in trace]))
+    gaps = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])
+            if start <= b < end]  # fmt: skip
+    span = end - start
+    return {"offered": rate, "finished": tokens / span / per_request if span > 0 else math.nan,
+            "itl_p95": float(np.percentile(gaps, 95)) if gaps else math.nan}
+
+
+def ceiling_table(mix: str, sim: dict[str, float | None], ceilings: dict[str, dict]) -> str:
+    """Markdown: per policy its simulated capacity, what it finishes with the
+    queue full, and the capacity as a share of that; and the highest ratio
+    over the better baseline that the machine's ceiling leaves."""
+    best = max((c for k, c in sim.items() if k != "slo" and c is not None), default=None)
+    top = max(c["finished"] for c in ceilings.values())
+    lines = ["| mix | policy | sim capacity (req/s) | finished with the queue full (req/s) "
+             "| p95 ITL then (s) | capacity / own ceiling |",
+             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for k, c in ceilings.items():
+        share = f"{sim[k] / c['finished']:.2f}" if sim.get(k) else "-"
+        lines.append(f"| {mix} | {k} | {_cap(sim.get(k))} | {c['finished']:.2f} "
+                     f"| {c['itl_p95']:.3f} | {share} |")  # fmt: skip
+    if best:
+        lines.append(f"\nNo policy can exceed {top / best:.2f}× the better baseline's "
+                     f"capacity ({best:g} req/s) on {mix}: the highest rate finished with "
+                     f"the queue full is {top:.2f} req/s.")  # fmt: skip
+    return "\n".join(lines)
 
 
 def probe_rows(label: str, mix: str, search: dict, sims: list[dict]) -> list[str]:
@@ -369,6 +434,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="cost model JSON (default: calibrated default, or with --real "
                          "calibrated now at --num-threads)")  # fmt: skip
     ap.add_argument("--out", default=None, help="directory (default build/slo_capacity/<time>)")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also simulate each policy with the queue full: what it finishes "
+                         "per second bounds its capacity")  # fmt: skip
+    ap.add_argument("--ceiling-requests", type=int, default=1500,
+                    help="requests per --ceiling run")  # fmt: skip
     g = ap.add_argument_group("real servers (--real)")
     g.add_argument("--real", action="store_true", help="also measure on the real server")
     g.add_argument("--num-threads", type=int, default=1, help="engine threads (and calibration)")
@@ -392,6 +462,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         ap.error(f"unknown mixes {bad}; choose from {sorted(MIXES)}")
     args.chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
+    if args.ceiling_requests < 1:
+        ap.error(f"--ceiling-requests must be >= 1, got {args.ceiling_requests}")
     args.serve_args = args.serve_args.split()
     return args
 
@@ -493,6 +565,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"real {mix} {p.label}: {_cap(real[p.label])} req/s "
                       f"({peer_servers.describe_probes(search)})", flush=True)
         tables.append(table(mix, sim, real))
+        if args.ceiling:
+            ceilings = {p.label: sim_ceiling(p, mixes[mix], sim[p.label], args, cost_model)
+                        for p in contenders}  # fmt: skip
+            for label, c in ceilings.items():
+                results["mixes"][mix][label]["sim_ceiling"] = c
+            tables.append(ceiling_table(mix, sim, ceilings))
     if probe_lines:
         tables.append("\n".join([PROBE_HEAD, *probe_lines]))
     if fit_lines:

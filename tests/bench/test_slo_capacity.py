@@ -160,3 +160,35 @@ def test_the_capacity_plan_passes_its_ramp_factor_to_bench_capacity(tmp_path):
     cmd = CapacityPlan(start=2.1, factor=1.25).command("http://h:1", 2048, tmp_path / "x.json")
     args = make_parser().parse_args(cmd[1:])
     assert (args.start, args.factor) == (2.1, 1.25)
+
+
+def test_the_ceiling_is_what_littles_law_gives_with_the_queue_full():
+    """Unit cost (one time unit per step), every request 16 prompt tokens and
+    8 output tokens, fcfs with 64 sequence slots: with the queue full each
+    slot holds a request for 8 steps (the prefill step gives the first
+    token), so 64 / 8 = 8 requests finish per step."""
+    from paternoster.bench.slo_capacity import sim_ceiling
+    from paternoster.scheduling.cost_model import CostModel
+
+    args = parse_args(["--ceiling-requests", "1500"])
+    got = sim_ceiling(Policy("fcfs", "fcfs"), "same=1.0:16-16:8-8", 10.0, args, CostModel.unit())
+    assert got["offered"] == 40.0
+    assert got["finished"] == pytest.approx(8.0, rel=0.03)
+    assert got["itl_p95"] == pytest.approx(1.0)
+
+
+def test_ceiling_table_bounds_the_ratio_by_the_fastest_policy_with_the_queue_full():
+    from paternoster.bench.slo_capacity import ceiling_table
+
+    text = ceiling_table("long", {"fcfs": 2.0, "chunked_prefill 256": 1.5, "slo": 2.2},
+                         {"fcfs": {"finished": 2.5, "itl_p95": 0.7},
+                          "chunked_prefill 256": {"finished": 2.4, "itl_p95": 0.4},
+                          "slo": {"finished": 2.2, "itl_p95": 0.19}})  # fmt: skip
+    assert "| long | fcfs | 2 | 2.50 | 0.700 | 0.80 |" in text
+    assert "| long | slo | 2.2 | 2.20 | 0.190 | 1.00 |" in text
+    assert "1.25×" in text  # 2.5 / 2.0
+
+
+def test_ceiling_requests_must_be_positive():
+    with pytest.raises(SystemExit):
+        parse_args(["--ceiling-requests", "0"])
