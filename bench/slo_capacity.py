@@ -56,6 +56,9 @@ LONG_MIX = ("short=0.6:16-256:8-64,summary=0.25:256-1024:64-256,"
 MIXES = {"cpu": peer_servers.CPU_MIX, "long": LONG_MIX}
 #: ``--ceiling``: the offered rate as a multiple of the capacity found.
 CEILING_OVERLOAD = 4.0
+#: ``--ceiling-requests`` below this leave no steady stretch with the queue
+#: full (the figure then swings by tens of percent between run lengths).
+MIN_CEILING_REQUESTS = 500
 #: Granularity of the scaled long class's lengths (tokens).
 LONG_STEP = 64
 
@@ -249,7 +252,7 @@ def ceiling_table(mix: str, sim: dict[str, float | None], ceilings: dict[str, di
              "| p95 ITL then (s) | capacity / own ceiling |",
              "|---|---|---:|---:|---:|---:|"]  # fmt: skip
     for k, c in ceilings.items():
-        share = f"{sim[k] / c['finished']:.2f}" if sim.get(k) else "-"
+        share = f"{sim[k] / c['finished']:.2f}" if sim.get(k) and c["finished"] > 0 else "-"
         lines.append(f"| {mix} | {k} | {_cap(sim.get(k))} | {c['finished']:.2f} "
                      f"| {c['itl_p95']:.3f} | {share} |")  # fmt: skip
     if best:
@@ -413,7 +416,8 @@ def _fmt_ratio(r: float | None) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (module doc)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--mixes", default="cpu,long", help="cpu, long or both (comma-separated)")
     ap.add_argument("--chunks", default="128,256,512,2048",
                     help="chunked_prefill token budgets (comma-separated)")  # fmt: skip
@@ -421,28 +425,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--slo-itl-p95", type=float, default=0.2, help="seconds")
     ap.add_argument("--start", type=float, default=0.5, help="first rate (req/s)")
     ap.add_argument("--probe-duration", type=float, default=60.0, metavar="S",
-                    help="at least rate x S requests per probe")  # fmt: skip
-    ap.add_argument("--probe-requests", type=int, default=50, help="at least this many")
-    ap.add_argument("--bisect-rounds", type=int, default=6, help="simulator")
-    ap.add_argument("--seed", type=int, default=0)
+                    help="seconds of arrivals per probe: a probe at rate r sends r x S "
+                         "requests (at least --probe-requests)")  # fmt: skip
+    ap.add_argument("--probe-requests", type=int, default=50,
+                    help="fewest requests per probe")  # fmt: skip
+    ap.add_argument("--bisect-rounds", type=int, default=6,
+                    help="bisection rounds of the simulated search after its ramp")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=0, help="seed of the mix and the arrivals")
     ap.add_argument("--slo-config", type=json.loads, default={},
                     help="more slo options, JSON (e.g. '{\"margin\": 0.05}')")  # fmt: skip
     ap.add_argument("--policies", default=None,
                     help="only these labels, comma-separated (e.g. fcfs,slo)")  # fmt: skip
-    ap.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    ap.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
+                    help="context (tokens) the prompts are fitted to")  # fmt: skip
     ap.add_argument("--cost-model", default=None,
                     help="cost model JSON (default: calibrated default, or with --real "
                          "calibrated now at --num-threads)")  # fmt: skip
     ap.add_argument("--out", default=None, help="directory (default build/slo_capacity/<time>)")
     ap.add_argument("--ceiling", action="store_true",
                     help="also simulate each policy with the queue full: what it finishes "
-                         "per second bounds its capacity")  # fmt: skip
+                         "per second then is the most it can sustain (a capacity found with "
+                         "short probes can sit a little above it: a backlog shows only "
+                         "after the probe)")  # fmt: skip
     ap.add_argument("--ceiling-requests", type=int, default=1500,
-                    help="requests per --ceiling run")  # fmt: skip
+                    help=f"requests per --ceiling run (at least {MIN_CEILING_REQUESTS}: a "
+                         "shorter run has no steady stretch with the queue full)")  # fmt: skip
     g = ap.add_argument_group("real servers (--real)")
     g.add_argument("--real", action="store_true", help="also measure on the real server")
     g.add_argument("--num-threads", type=int, default=1, help="engine threads (and calibration)")
-    g.add_argument("--real-bisect-rounds", type=int, default=3)
+    g.add_argument("--real-bisect-rounds", type=int, default=3,
+                   help="bisection rounds of each real search")  # fmt: skip
     g.add_argument("--real-from-sim", action="store_true",
                    help=f"start each real search at {NEAR_START:g} x the simulator's capacity, "
                         f"ramping by {NEAR_FACTOR:g} (a narrower bracket in the same time)")
@@ -462,8 +474,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad:
         ap.error(f"unknown mixes {bad}; choose from {sorted(MIXES)}")
     args.chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
-    if args.ceiling_requests < 1:
-        ap.error(f"--ceiling-requests must be >= 1, got {args.ceiling_requests}")
+    if any(c < 1 for c in args.chunks):
+        ap.error(f"--chunks must be token budgets >= 1, got {args.chunks}")
+    for name in ("start", "probe_duration"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    for name in ("probe_requests", "bisect_rounds", "real_bisect_rounds"):
+        if getattr(args, name) < (1 if name == "probe_requests" else 0):
+            ap.error(f"--{name.replace('_', '-')} must be >= "
+                     f"{1 if name == 'probe_requests' else 0}, got {getattr(args, name)}")
+    if args.ceiling_requests < MIN_CEILING_REQUESTS:
+        ap.error(f"--ceiling-requests must be >= {MIN_CEILING_REQUESTS}, got "
+                 f"{args.ceiling_requests}")  # fmt: skip
+    if args.policies:
+        labels = policies(args.chunks, Objectives(1.0, 1.0), {})
+        known = {p.label for p in labels} | {p.scheduler for p in labels}
+        unknown = sorted({p.strip() for p in args.policies.split(",")} - known)
+        if unknown:
+            ap.error(f"--policies: unknown {unknown}; choose from {sorted(known)}")
     args.serve_args = args.serve_args.split()
     return args
 
@@ -528,7 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"cost_model": cost_model.to_dict(), "mixes": {}}
     tables = []
     mixes = scaled_mixes(cost_model, args.slo_ttft_p95)
-    print(f"machine scale {machine_scale(cost_model, args.slo_ttft_p95):.3f}", flush=True)
+    print(f"machine scale {machine_scale(cost_model, args.slo_ttft_p95):.3f} (the long "
+          "prompts' lengths are scaled by it, so that the longest fits the TTFT objective "
+          "alone on this cost model)", flush=True)
     results["mix_specs"] = {m: mixes[m] for m in args.mixes}
     probe_lines: list[str] = []
     fit_lines: list[str] = []

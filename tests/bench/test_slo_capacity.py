@@ -189,6 +189,17 @@ def test_ceiling_table_bounds_the_ratio_by_the_fastest_policy_with_the_queue_ful
     assert "1.25×" in text  # 2.5 / 2.0
 
 
-def test_ceiling_requests_must_be_positive():
+@pytest.mark.parametrize("argv", [
+    ["--ceiling-requests", "0"], ["--ceiling-requests", "10"], ["--policies", "fcfs,bogus"],
+    ["--probe-duration", "0"], ["--probe-requests", "0"], ["--bisect-rounds", "-1"],
+    ["--chunks", "0"], ["--start", "-1"],
+])  # fmt: skip
+def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
-        parse_args(["--ceiling-requests", "0"])
+        parse_args(argv)
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_known_policies_are_accepted():
+    args = parse_args(["--policies", "fcfs,chunked_prefill 256,slo", "--chunks", "256"])
+    assert args.policies == "fcfs,chunked_prefill 256,slo"

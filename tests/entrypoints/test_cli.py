@@ -42,7 +42,9 @@ def test_scheduler_config_is_a_json_object_inline_or_in_a_file(tmp_path):
                          ('{"classes": {"1": {"ttft_s": 1, "ttft_s": 2}}}',
                           r"gives the key 'ttft_s' twice in classes\.1$"),
                          ('{"w": [{"a": 1, "a": 1}]}', r"key 'a' twice in w\[0\]$"),
-                         (str(tmp_path / "none.json"), "or a JSON file path")]:  # fmt: skip
+                         (str(tmp_path / "none.json"), "or the path of a JSON file; .* no such"),
+                         ("not json", "'not json' is not JSON and no such file exists"),
+                         (str(tmp_path), "cannot be read")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             parse_scheduler_config(value)
     path.write_text("[1]")

@@ -261,9 +261,12 @@ def _read_json_file(path: str) -> Any:
     """
     try:
         text = Path(path).read_text()
-    except OSError as e:
+    except FileNotFoundError:
         raise ValueError(
-            f"scheduler_config must be a JSON object or a JSON file path: {e}") from None
+            f"scheduler_config must be a JSON object (e.g. '{{\"ttft_s\": 2}}') or the path "
+            f"of a JSON file; {path!r} is not JSON and no such file exists") from None
+    except OSError as e:
+        raise ValueError(f"scheduler_config file {path!r} cannot be read: {e}") from None
     try:
         return _loads(text)
     except json.JSONDecodeError as e:

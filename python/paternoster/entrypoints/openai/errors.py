@@ -90,3 +90,13 @@ ERROR_RESPONSES = {
         "overloaded (with Retry-After)",
     },
 }
+
+
+def renamed_in_message(message: str, old: str | None, new: str | None) -> str:
+    """``message`` with its leading field name ``old`` (the pipeline's name,
+    e.g. ``max_tokens must be ...``) written as ``new``, the field the client
+    sent (e.g. ``max_completion_tokens``); unchanged when it does not start
+    with ``old``."""
+    if old and new and old != new and message.startswith(old):
+        return new + message[len(old):]
+    return message

@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from paternoster.entrypoints.openai.errors import APIError, bad_request
+from paternoster.entrypoints.openai.errors import APIError, bad_request, renamed_in_message
 from paternoster.entrypoints.openai.protocol import ChatCompletionRequest
 from paternoster.entrypoints.openai.responses_protocol import (
     Content,
@@ -239,7 +239,8 @@ async def create_response(serving: Any, body: ResponsesRequest, raw: Request):
     try:
         result = await serving.create_chat_completion(chat_body, raw)
     except APIError as e:
-        e.param = responses_param(e.param)
+        old, e.param = e.param, responses_param(e.param)
+        e.message = renamed_in_message(e.message, old, e.param)
         raise
     if isinstance(result, EventStream):
         return result.mapped(lambda events: responses_events(body, events, serving.model_name))

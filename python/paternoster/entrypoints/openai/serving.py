@@ -22,7 +22,7 @@ from fastapi import Request
 
 from paternoster.entrypoints.openai.chat_messages import chat_input
 from paternoster.entrypoints.openai.constraints import SOURCE_PARAM, structured_outputs
-from paternoster.entrypoints.openai.errors import APIError, bad_request
+from paternoster.entrypoints.openai.errors import APIError, bad_request, renamed_in_message
 from paternoster.entrypoints.openai.logprobs import (
     CompletionLogprobsBuilder,
     TokenTexts,
@@ -243,7 +243,7 @@ class OpenAIServing(ChatServing):
             sub: Submitted = await self.frontend.submit(prompts, sampling, options)
         except InvalidRequestError as e:
             param = max_tokens_param if e.param == "max_tokens" else e.param
-            message = e.message
+            message = renamed_in_message(e.message, e.param, param)
             if param == "tools":  # the constraint was built from the functions' parameters
                 message = message.replace("structured_outputs.json", "a function's parameters")
             raise bad_request(message, param) from e
