@@ -100,6 +100,14 @@ def test_a_json_body_sent_without_the_json_content_type_is_a_400_naming_the_head
     assert ok.status_code == 200, ok.text
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_an_empty_body_is_a_400_saying_so(fake_server, path):
+    r = httpx.post(fake_server.url + path, content=b"", timeout=10,
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "The request body is empty: send a JSON object"
+
+
 def test_surrogate_in_chat_content_is_400(fake_server):
     body = {"messages": [{"role": "user", "content": "\ud800"}], "max_tokens": 2}
     r = httpx.post(

@@ -97,6 +97,8 @@ def _validation_message(exc: RequestValidationError,
     if first.get("type") == "json_invalid":
         return f"Invalid JSON body: {first.get('msg', '')}", None
     media = (content_type or "").split(";")[0].strip().lower()
+    if tuple(first.get("loc", ())) == ("body",) and first.get("type") == "missing":
+        return "The request body is empty: send a JSON object", None
     if (tuple(first.get("loc", ())) == ("body",) and media
             and not (media == "application/json" or media.endswith("+json"))):
         return (f"The request body must be JSON, sent with the header Content-Type: "
