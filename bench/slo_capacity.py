@@ -476,13 +476,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
     if any(c < 1 for c in args.chunks):
         ap.error(f"--chunks must be token budgets >= 1, got {args.chunks}")
-    for name in ("start", "probe_duration"):
-        if not getattr(args, name) > 0:
-            ap.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    for name in ("probe_requests", "bisect_rounds", "real_bisect_rounds"):
-        if getattr(args, name) < (1 if name == "probe_requests" else 0):
-            ap.error(f"--{name.replace('_', '-')} must be >= "
-                     f"{1 if name == 'probe_requests' else 0}, got {getattr(args, name)}")
+    floors = {"start": (0.0, "> 0"), "probe_duration": (0.0, "> 0"),
+              "probe_requests": (0.5, ">= 1"), "bisect_rounds": (-0.5, ">= 0"),
+              "real_bisect_rounds": (-0.5, ">= 0")}  # fmt: skip
+    for name, (floor, rule) in floors.items():
+        if not getattr(args, name) > floor:
+            ap.error(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)}")
     if args.ceiling_requests < MIN_CEILING_REQUESTS:
         ap.error(f"--ceiling-requests must be >= {MIN_CEILING_REQUESTS}, got "
                  f"{args.ceiling_requests}")  # fmt: skip
