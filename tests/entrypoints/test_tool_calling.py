@@ -139,8 +139,9 @@ def test_required_calls_validate_and_stream_the_same(client, model, parallel):
 def test_required_calls_under_sampling_and_n(client, model):
     # One call per choice: sampled at 1.2, the tiny model often keeps appending
     # calls to the list until max_tokens (a "length" finish, legal but not what
-    # this checks); seeded sampling alone does not pin that down, as batch
-    # composition moves the logits. One call takes 31-45 tokens here.
+    # this checks); the seed alone does not pin that down: a prefix-cache hit
+    # or another batch moves the logits, as the server runs without
+    # --batch-invariant. One call takes 31-45 tokens here.
     r = client.chat.completions.create(
         model=model, messages=MESSAGES, tools=TOOLS, tool_choice="required", n=3,
         temperature=1.2, seed=7, max_tokens=300, parallel_tool_calls=False,
