@@ -79,8 +79,8 @@ class SLOScheduler(Scheduler):
        allows; 0 keeps every step within ``T``).
     5. **Load shedding** (``load_shedding: true``): a waiting request that
        has produced nothing and cannot meet its deadline even if its whole
-       prompt ran in this step is refused (HTTP 503, OpenAI error shape)
-       instead of run late.
+       prompt (less what the prefix cache holds now) ran in this step is
+       refused (HTTP 503, OpenAI error shape) instead of run late.
 
     Admission needs the whole prompt to :meth:`fits` (as ``chunked_prefill``);
     the first on-time request that does not fit stops admission. When KV
@@ -408,10 +408,15 @@ class SLOScheduler(Scheduler):
 
     def _shed(self, out: SchedulerOutput) -> None:
         """Refuse each waiting request that has not started and would miss its
-        deadline even if its whole prompt ran in this step."""
+        deadline even if its whole prompt ran in this step (less what the
+        prefix cache holds of it, looked up only for requests that would
+        otherwise be refused)."""
         rows = sum(out.num_scheduled_tokens)  # the decodes, ahead of its prompt
         for r in [r for r in self.waiting if r.num_output_tokens == 0]:
             finish = self._now + self._base + self._work(r, rows)
+            if finish > self.deadline(r) and (cached := self.num_cached_prefix_tokens(r)):
+                finish = self._now + self._base + self.predictor.chunk_time(
+                    r.num_tokens - cached, cached, rows)  # fmt: skip
             if finish > self.deadline(r):
                 target = self.slo.targets(r).ttft_s
                 self.reject(r, out, f"load shedding: cannot meet the TTFT target of "

@@ -265,6 +265,16 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("req_id"), py::arg("token_ids"), py::arg("cache_salt") = py::none())
       .def(
+          "num_cached_prefix_tokens",
+          [](const KVCacheManager& kv, const py::handle& tokens,
+             const std::optional<std::string>& cache_salt) {
+            auto a = as_1d<int64_t>(tokens, "token_ids");
+            return kv.num_cached_prefix_tokens(a.data(), a.shape(0), cache_salt.value_or(""));
+          },
+          py::arg("token_ids"), py::arg("cache_salt") = py::none(),
+          "Tokens get_computed_blocks would find cached now, taking nothing "
+          "(no reference, no counters); 0 with caching off.")
+      .def(
           "cache_blocks",
           [](KVCacheManager& kv, int64_t req_id, const py::handle& tokens,
              std::optional<int64_t> num_tokens) {

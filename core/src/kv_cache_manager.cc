@@ -218,22 +218,25 @@ int64_t KVCacheManager::num_request_blocks(int64_t req_id) const {
 
 // ------------------------------------------------------------ prefix caching
 
+BlockHash KVCacheManager::chain_root(std::string_view salt, int64_t g) const {
+  // Group 0 keeps the single-group root; others mix their index in, so no
+  // group's chain is another's.
+  BlockHash root = root_block_hash(salt);
+  if (g > 0) root = hash_block_tokens(root, &g, 1);
+  return root;
+}
+
+BlockHash KVCacheManager::chain_hash(BlockHash parent, const int64_t* block) const {
+  return (hash_fn_ ? hash_fn_(parent, block, block_size_)
+                   : hash_block_tokens(parent, block, block_size_)) &
+         hash_mask_;
+}
+
 BlockHash KVCacheManager::block_hash_at(RequestCache& st, int64_t g, int64_t i,
                                         const int64_t* tokens) {
   if (i < static_cast<int64_t>(st.hashes.size())) return st.hashes[static_cast<size_t>(i)];
-  BlockHash parent;
-  if (i > 0) {
-    parent = st.hashes.back();
-  } else {
-    // Group 0 keeps the single-group root; others mix their index in, so no
-    // group's chain is another's.
-    parent = root_block_hash(st.salt);
-    if (g > 0) parent = hash_block_tokens(parent, &g, 1);
-  }
-  const int64_t* block = tokens + i * block_size_;
-  const BlockHash h = (hash_fn_ ? hash_fn_(parent, block, block_size_)
-                                : hash_block_tokens(parent, block, block_size_)) &
-                      hash_mask_;
+  const BlockHash parent = i > 0 ? st.hashes.back() : chain_root(st.salt, g);
+  const BlockHash h = chain_hash(parent, tokens + i * block_size_);
   st.hashes.push_back(h);
   return h;
 }
@@ -311,6 +314,28 @@ int64_t KVCacheManager::get_computed_blocks(int64_t req_id, const int64_t* token
   queries_ += n;
   hits_ += computed;
   return computed;
+}
+
+int64_t KVCacheManager::num_cached_prefix_tokens(const int64_t* tokens, int64_t n,
+                                                 std::string_view cache_salt) const {
+  if (n < 0) throw std::invalid_argument("negative token count " + std::to_string(n));
+  if (!enable_caching()) return 0;
+  // The walk of get_computed_blocks, on local hashes and without touching.
+  int64_t hit = n > 0 ? (n - 1) / block_size_ : 0;  // keep the last token
+  for (int64_t g = 0; g < num_groups() && hit > 0; ++g) {
+    BlockHash h = chain_root(cache_salt, g);
+    BlockRef last;
+    int64_t i = 0;
+    for (; i < hit; ++i) {
+      const int64_t* block = tokens + i * block_size_;
+      h = chain_hash(h, block);
+      const auto found = match(g, h, last, block, cache_salt);
+      if (!found) break;
+      last = BlockRef{*found, pool_.generation(*found)};
+    }
+    hit = i;
+  }
+  return hit * block_size_;
 }
 
 bool KVCacheManager::has_blocks_to_cache(int64_t req_id, int64_t num_tokens) const {

@@ -205,6 +205,33 @@ TEST(PrefixCache, FreeReleasesTailFirst) {
   EXPECT_EQ(kv.get_computed_blocks(2, iota_tokens(7)), 4);
 }
 
+TEST(PrefixCache, PeekFindsWhatTheLookupTakesAndTakesNothing) {
+  KVCacheManager kv(12, 4, true);
+  run_request(kv, 1, iota_tokens(12), "s");
+  kv.free(1);  // cached, free, evictable
+  auto diverges = iota_tokens(6);
+  for (int64_t x : {50, 51, 52, 53, 54}) diverges.push_back(x);
+  const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
+      {iota_tokens(12), "s"},   {iota_tokens(9), "s"}, {iota_tokens(8), "s"},
+      {diverges, "s"},          {iota_tokens(12), ""}, {iota_tokens(12, 1), "s"},
+      {iota_tokens(1), "s"},    {{}, "s"}};
+  int64_t id = 10;
+  for (const auto& [tokens, salt] : cases) {
+    const int64_t free = kv.num_free_blocks(), queries = kv.prefix_cache_queries();
+    const int64_t peeked =
+        kv.num_cached_prefix_tokens(tokens.data(), static_cast<int64_t>(tokens.size()), salt);
+    EXPECT_EQ(kv.num_free_blocks(), free);  // nothing touched or counted
+    EXPECT_EQ(kv.prefix_cache_queries(), queries);
+    EXPECT_EQ(kv.num_request_blocks(id), 0);
+    EXPECT_EQ(peeked, kv.get_computed_blocks(id, tokens, salt)) << tokens.size() << salt;
+    kv.free(id++);
+  }
+  EXPECT_THROW(kv.num_cached_prefix_tokens(nullptr, -1), std::invalid_argument);
+  KVCacheManager off(4, 4, false);
+  auto t = iota_tokens(9);
+  EXPECT_EQ(off.num_cached_prefix_tokens(t.data(), 9), 0);
+}
+
 TEST(PrefixCache, SaltSeparatesCaches) {
   KVCacheManager kv(10, 4, true);
   auto t = iota_tokens(9);

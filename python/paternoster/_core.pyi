@@ -215,6 +215,15 @@ class KVCacheManager:
         Raises:
             ValueError: the request already has a table, or bad ``token_ids``.
         """
+    def num_cached_prefix_tokens(self, token_ids: IntArray, cache_salt: str | None = None) -> int:
+        """Tokens :meth:`get_computed_blocks` would find cached for ``token_ids``
+        now, taking nothing: no reference, no block table, no counters (a
+        planner's estimate for a request not admitted yet; the blocks may be
+        evicted before it is). 0 with caching off.
+
+        Raises:
+            ValueError: bad ``token_ids``.
+        """
     def cache_blocks(self, req_id: int, token_ids: IntArray, num_tokens: int | None = None) -> None:
         """Register the request's full blocks among its first ``num_tokens``
         tokens (default ``len(token_ids)``), whose KV must already be written.

@@ -18,9 +18,10 @@ def create_scheduler(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 64,
     max_model_len: int = 64,
+    caching: bool = False,
     **policy_config,
 ):
-    kv = _core.KVCacheManager(num_blocks, block_size)
+    kv = _core.KVCacheManager(num_blocks, block_size, enable_caching=caching)
     builder = _core.BatchBuilder(kv)
     config = SchedulerConfig(
         scheduler=name,

@@ -33,10 +33,11 @@ def make(rid: str, prompt_len: int, max_tokens: int = 4, arrival: float = 0.0,
     )  # fmt: skip
 
 
-def slo(clock=None, **options):
+def slo(clock=None, caching: bool = False, **options):
     cfg = {"cost_model": SIMPLE, "itl_s": 0.1, "margin": 0.0, "adapt": False, **options}
     s = create_scheduler("slo", num_blocks=512, block_size=16, max_num_seqs=16,
-                         max_num_batched_tokens=2048, max_model_len=2048, **cfg)  # fmt: skip
+                         max_num_batched_tokens=2048, max_model_len=2048, caching=caching,
+                         **cfg)  # fmt: skip
     s.clock = clock or (lambda: 0.0)
     return s
 
@@ -162,6 +163,36 @@ def test_no_shedding_when_the_whole_prompt_still_makes_it():
     assert not plan.rejected and rows(plan)["tight"] == 84
 
 
+def test_load_shedding_counts_the_cached_prefix_as_computed():
+    """A 300-token prompt served once leaves 288 tokens (18 blocks of 16, not
+    the last token's) in the prefix cache. The same prompt again under a
+    0.2 s target needs 0.016 + 12 x 1 ms: admitted; another 300-token prompt
+    needs 0.016 + 0.3 s: refused."""
+    s = slo(load_shedding=True, caching=True)
+    with_three_decoders(s)
+    prompt = [(7 * j) % 90 + 3 for j in range(300)]
+    other = [(11 * j) % 90 + 3 for j in range(300)]
+
+    def request(rid: str, tokens: list[int], **kw) -> Request:
+        params = SamplingParams(max_tokens=1, ignore_eos=True)
+        return Request(request_id=rid, prompt_token_ids=tokens, max_tokens=1, arrival_time=0.0,
+                       sampling_params=params, **kw)  # fmt: skip
+
+    s.add_request(request("first", prompt))
+    finished = False
+    for _ in range(10):
+        _, outs = step(s)
+        finished |= any(o.request_id == "first" and o.finished for o in outs)
+    assert finished and s.kv_cache_manager.num_cached_blocks() >= 18
+    s.add_request(request("again", prompt, slo_ttft_s=0.2))
+    s.add_request(request("other", other, slo_ttft_s=0.2))
+    queries = s.kv_cache_manager.prefix_cache_queries()
+    plan, _ = step(s)
+    assert [r.request_id for r, _ in plan.rejected] == ["other"]
+    assert rows(plan)["again"] == 12  # admitted past its 288 cached tokens
+    assert s.kv_cache_manager.prefix_cache_queries() == queries + 300  # the peek counted nothing
+
+
 def _spend_decode_steps(s, n: int) -> None:
     for _ in range(n):
         step(s, seconds=0.05)  # within every ITL target: gaps, no misses
@@ -247,6 +278,8 @@ def test_the_tightest_itl_target_among_decodes_sets_the_step():
     ({"cost_model": 3}, "cost_model"),
     ({"cost_model": {"overhead": 1}}, "cost_model"),
     ({"cost_model": "/nonexistent.json"}, "cost_model"),
+    ({"cost_model": {"overhead": 0, "a_prefill": 0, "a_decode": 0, "a_kv": 0.001}},
+     "cost_model: overhead, a_prefill and a_decode are all 0"),
     ({"deadline": 1}, "unknown scheduler_config keys"),
 ])  # fmt: skip
 def test_bad_options_are_named(options, match):

@@ -155,6 +155,13 @@ class KVCacheManager {
                                cache_salt);
   }
 
+  // The tokens get_computed_blocks(tokens, n, cache_salt) would find cached
+  // now, without taking them: no reference, no table, no counters (a
+  // planner's estimate for a request not yet admitted; the blocks may be
+  // evicted before it is). 0 with caching off. std::invalid_argument: n < 0.
+  int64_t num_cached_prefix_tokens(const int64_t* tokens, int64_t n,
+                                   std::string_view cache_salt = {}) const;
+
   // Registers the request's full blocks among its first `num_tokens` tokens
   // (tokens[0 .. num_tokens), whose KV must already be written) in the prefix
   // cache. Incremental: blocks handled by an earlier call (or hit by
@@ -248,6 +255,10 @@ class KVCacheManager {
   int64_t first_needed_block(int64_t g, int64_t num_computed) const;
   void check_group(int64_t g) const;
   BlockHash block_hash_at(RequestCache& st, int64_t g, int64_t i, const int64_t* tokens);
+  // The hash of the block `block` after the block hashed `parent`; the first
+  // block's parent is chain_root(salt, g).
+  BlockHash chain_hash(BlockHash parent, const int64_t* block) const;
+  BlockHash chain_root(std::string_view salt, int64_t g) const;
   // The cached block of group g holding `hash` whose content is exactly
   // (parent, tokens, salt), if any.
   std::optional<int32_t> match(int64_t g, BlockHash hash, BlockRef parent,

@@ -28,6 +28,18 @@ def lookup_prefix(kv_cache_manager, batch_builder, request: Request) -> None:
     )
 
 
+def peek_prefix(kv_cache_manager, batch_builder, request: Request) -> int:
+    """Tokens :func:`lookup_prefix` would find cached for ``request`` now,
+    taking nothing (no reference, no table, no hit counters): a planner's
+    estimate for a request not admitted yet, whose blocks may still be
+    evicted before it is. 0 for a request asking for prompt logprobs."""
+    if request.sampling_params.prompt_logprobs is not None:
+        return 0
+    return kv_cache_manager.num_cached_prefix_tokens(
+        batch_builder.token_ids(request.internal_id), getattr(request, "cache_salt", None)
+    )
+
+
 def undo_lookup(kv_cache_manager, request: Request) -> None:
     """``request`` was not admitted after all: give back its hit blocks."""
     kv_cache_manager.free(request.internal_id)

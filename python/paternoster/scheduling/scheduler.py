@@ -27,7 +27,12 @@ from paternoster.scheduling.output import SchedulerOutput
 # The contract version lives with the hooks; re-exported (the registry and plugins read it here).
 from paternoster.scheduling.policy import SCHEDULER_API_VERSION as SCHEDULER_API_VERSION
 from paternoster.scheduling.policy import SchedulerPolicy
-from paternoster.scheduling.prefix_cache import cache_computed_blocks, lookup_prefix, undo_lookup
+from paternoster.scheduling.prefix_cache import (
+    cache_computed_blocks,
+    lookup_prefix,
+    peek_prefix,
+    undo_lookup,
+)
 from paternoster.scheduling.request_queue import RequestQueue
 from paternoster.scheduling.stop import check_stop
 
@@ -186,6 +191,16 @@ class Scheduler(SchedulerPolicy):
                          request.num_tokens - self.config.max_num_batched_tokens)
         return self.kv_cache_manager.num_required_blocks(
             request.internal_id, request.num_tokens, last_start)
+
+    def num_cached_prefix_tokens(self, request: Request) -> int:
+        """Prompt tokens of a waiting ``request`` that admission would find in
+        the prefix cache now (whole blocks, never the last token; 0 with
+        prefix caching off), found without taking the blocks, which may be
+        evicted before it is admitted: for planning, e.g. how long its
+        prefill will take."""
+        if not self.prefix_caching or request.num_computed_tokens > 0:
+            return 0
+        return peek_prefix(self.kv_cache_manager, self.batch_builder, request)
 
     def can_allocate(self, request: Request, num_new: int) -> bool:
         """Whether the KV blocks for ``num_new`` more computed tokens of
