@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -62,12 +61,12 @@ class FairScheduler(ChunkedPrefillScheduler):
         output_token_weight: ``w_q``, cost of one decode token (default 2, the
             paper's choice: a decode token costs about twice a prompt token).
         tenant_weights: ``{"tenant": weight}``, shares of named tenants
-            (weight > 0; others 1).
+            (weight in [0.001, 1000]; others 1).
         long_prefill_token_threshold: as in ``chunked_prefill`` (0: no cap).
     Raises:
-        ValueError: a weight that is negative, not finite or not a number, both
+        ValueError: a token weight outside [0, 1000] or not a number, both
             token weights 0, a ``tenant_weights`` that is not a map of names to
-            positive numbers, or a bad ``long_prefill_token_threshold``.
+            numbers in [0.001, 1000], or a bad ``long_prefill_token_threshold``.
     """
 
     name = "fair"
@@ -207,8 +206,16 @@ class FairScheduler(ChunkedPrefillScheduler):
 _SWEEP_MIN = 1024  # counters kept before idle tenants above the floor are swept
 
 
+#: Bounds of a tenant's weight: shares further apart than a million to one
+#: mean nothing to a scheduler, and a weight near 0 (1e-310) would overflow
+#: its counter (service / weight) to infinity, which switches fairness off.
+TENANT_WEIGHT_RANGE = (1e-3, 1e3)
+#: Largest token weight (the paper's are 1 and 2), so counters stay exact sums.
+MAX_TOKEN_WEIGHT = 1e3
+
+
 def _weight(value: object, name: str) -> float:
-    """A token weight: a finite number >= 0.
+    """A token weight: a number in [0, ``MAX_TOKEN_WEIGHT``].
 
     Raises:
         ValueError: naming ``name``.
@@ -216,16 +223,18 @@ def _weight(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number >= 0, got {option_text(value)}")
     try:
-        finite = math.isfinite(value)
+        ok = 0 <= value <= MAX_TOKEN_WEIGHT  # False for nan
     except OverflowError:  # an integer past float's range
-        finite = False
-    if not finite or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {option_text(value)}")
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a number in [0, {MAX_TOKEN_WEIGHT:g}], "
+                         f"got {option_text(value)}")  # fmt: skip
     return float(value)
 
 
 def _tenant_weights(value: object) -> dict[str, float]:
-    """``tenant_weights``: a map of tenant names to finite numbers > 0.
+    """``tenant_weights``: a map of tenant names to numbers in
+    ``TENANT_WEIGHT_RANGE``.
 
     Raises:
         ValueError: naming ``tenant_weights`` and the bad entry.
@@ -238,7 +247,8 @@ def _tenant_weights(value: object) -> dict[str, float]:
         if not isinstance(tenant, str) or not tenant:
             raise ValueError(f"tenant_weights keys must be tenant names, got {option_text(tenant)}")
         name = f"tenant_weights[{option_text(tenant)}]"  # the JSON path
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
-            raise ValueError(f"{name} must be a finite number > 0, got {option_text(w)}")
+        lo, hi = TENANT_WEIGHT_RANGE
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not lo <= w <= hi:
+            raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {option_text(w)}")
         out[tenant] = float(w)
     return out

@@ -173,20 +173,31 @@ def _parse_classes(classes: Any, default: Targets) -> dict[int, Targets]:
 def _parse_cost_model(value: Any) -> CostModel:
     """The ``cost_model`` option: ``None``, a JSON file path or a dict.
 
+    One of ``overhead``, ``a_prefill`` and ``a_decode`` must be above 0 (a
+    fitter may clamp some to 0): with all three 0 every step is predicted
+    free, and the online correction, which only scales terms that are not 0,
+    could never learn otherwise.
+
     Raises:
         ValueError: another type, an unreadable file or bad coefficients.
     """
     if value is None:
         return DEFAULT_COST_MODEL
+    model = None
     try:
         if isinstance(value, str):
-            return CostModel.load(value)
-        if isinstance(value, Mapping):
-            return CostModel.from_dict(dict(value))
+            model = CostModel.load(value)
+        elif isinstance(value, Mapping):
+            model = CostModel.from_dict(dict(value))
     except ValueError as e:
         raise ValueError(f"cost_model: {e}") from None
-    raise ValueError(f"cost_model must be null, a JSON file path or an object, "
-                     f"got {option_text(value)}")
+    if model is None:
+        raise ValueError(f"cost_model must be null, a JSON file path or an object, "
+                         f"got {option_text(value)}")  # fmt: skip
+    if max(model.overhead, model.a_prefill, model.a_decode) <= 0:
+        raise ValueError("cost_model: overhead, a_prefill and a_decode are all 0: the slo "
+                         "scheduler would predict every step free (give at least one > 0)")
+    return model
 
 
 #: (cost model source, ITL target) pairs already warned about in this process

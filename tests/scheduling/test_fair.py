@@ -203,16 +203,27 @@ def test_decodes_run_first_then_prompt_chunks_by_counter():
 
 
 @pytest.mark.parametrize(("options", "match"), [
-    ({"input_token_weight": -1}, "input_token_weight must be a finite number >= 0"),
+    ({"input_token_weight": -1}, r"input_token_weight must be a number in \[0, 1000\]"),
     ({"output_token_weight": True}, "output_token_weight must be a number"),
-    ({"output_token_weight": float("inf")}, "output_token_weight must be a finite"),
+    ({"output_token_weight": float("inf")}, r"output_token_weight must be a number in \[0, 1000\]"),
+    ({"output_token_weight": float("nan")}, "output_token_weight must be a number in"),
+    ({"input_token_weight": 1e308}, "input_token_weight must be a number in"),
+    ({"input_token_weight": 10**400}, "input_token_weight must be a number in"),
     ({"input_token_weight": 0, "output_token_weight": 0}, "must not both be 0"),
     ({"tenant_weights": [1]}, "tenant_weights must be a map"),
-    ({"tenant_weights": {"a": 0}}, r'tenant_weights\["a"\] must be a finite number > 0'),
-    ({"tenant_weights": {"a": "2"}}, r'tenant_weights\["a"\] must be a finite number > 0'),
+    ({"tenant_weights": {"a": 0}}, r'tenant_weights\["a"\] must be a number in \[0.001, 1000\]'),
+    ({"tenant_weights": {"a": 1e-310}}, r'tenant_weights\["a"\] must be a number in'),  # 1/w = inf
+    ({"tenant_weights": {"a": 1001}}, r'tenant_weights\["a"\] must be a number in'),
+    ({"tenant_weights": {"a": "2"}}, r'tenant_weights\["a"\] must be a number in'),
     ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold"),
     ({"w_q": 2}, "unknown scheduler_config keys for 'fair'"),
 ])  # fmt: skip
 def test_bad_options_are_refused_naming_them(options, match):
     with pytest.raises(ValueError, match=match):
         create_scheduler("fair", **options)
+
+
+def test_weights_at_the_bounds_are_taken():
+    s = create_scheduler("fair", input_token_weight=1000, output_token_weight=0,
+                         tenant_weights={"a": 0.001, "b": 1000})  # fmt: skip
+    assert s.tenant_weights == {"a": 0.001, "b": 1000.0} and s.input_token_weight == 1000.0
