@@ -28,6 +28,23 @@ from paternoster.simulate.results import (
 from paternoster.simulate.tenants import format_tenant_table
 
 
+def _policy_list(text: str) -> str:
+    """``--compare``'s value, checked: distinct policy names, comma-separated
+    (blanks around them ignored); an empty list would fall back to
+    ``--scheduler`` without a word.
+
+    Raises:
+        argparse.ArgumentTypeError: no name, or a name given twice (argparse
+            prints it as a usage error naming ``--compare``).
+    """
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"needs policy names, comma-separated, got {text!r}")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"needs distinct policy names, got {text!r}")
+    return text
+
+
 def add_simulate_args(parser: argparse.ArgumentParser) -> None:
     """Add the simulator's flags to ``parser`` (for a ``simulate`` subcommand)."""
     g = parser.add_argument_group("workload")
@@ -45,7 +62,7 @@ def add_simulate_args(parser: argparse.ArgumentParser) -> None:
         "keyed by policy name, e.g. '{\"priority\": {\"aging_steps\": 50}}'",
     )  # fmt: skip
     g.add_argument(
-        "--compare", default=None, metavar="A,B,...",
+        "--compare", default=None, metavar="A,B,...", type=_policy_list,
         help="run these policies on the same trace and print one table",
     )  # fmt: skip
     g.add_argument(
@@ -197,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
                              "give one")
         names = [n.strip() for n in (args.compare or args.scheduler).split(",") if n.strip()]
         if not names or len(set(names)) != len(names):
+            if args.compare is None:
+                raise ValueError(f"--scheduler needs a policy name, got {args.scheduler!r}")
             raise ValueError(f"--compare needs distinct policy names, got {args.compare!r}")
         configs = _policy_configs(names, args.scheduler_config, bool(args.compare))
         # Settings shared by every policy fail here, unprefixed, not in the first run.

@@ -225,6 +225,8 @@ def _make_requests(
                 sampling_params=params,
                 priority=t.priority,
                 tenant=t.tenant,
+                slo_ttft_s=t.slo_ttft_s,
+                slo_itl_s=t.slo_itl_s,
             )
         )
         metrics.append(

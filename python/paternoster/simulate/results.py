@@ -174,8 +174,9 @@ class SimulationResult:
             request), ``e2e`` and ``queue_time`` a dict of ``mean``, ``p50``,
             ``p95``, ``p99``, ``max`` (``None`` when there is no value, e.g. no
             ITL when every request generates one token); ``by_priority`` maps
-            each priority value (as a string) to its ``num_requests``, ``ttft``
-            and ``e2e`` stats.
+            each priority value (as a string) to its ``num_requests``,
+            ``num_errors`` (as above, of that priority), ``ttft`` and ``e2e``
+            stats (of the requests served).
         """
         reqs = [r for r in self.requests if r.error is None]
         duration = self.duration
@@ -196,11 +197,13 @@ class SimulationResult:
             "queue_time": _stats([r.queue_time for r in reqs]),
             "by_priority": {
                 str(p): {
-                    "num_requests": sum(r.priority == p for r in reqs),
+                    "num_requests": sum(r.priority == p for r in self.requests),
+                    "num_errors": sum(r.priority == p and r.error is not None
+                                      for r in self.requests),
                     "ttft": _stats([r.ttft for r in reqs if r.priority == p]),
                     "e2e": _stats([r.e2e for r in reqs if r.priority == p]),
                 }
-                for p in sorted({r.priority for r in reqs})
+                for p in sorted({r.priority for r in self.requests})
             },
         }
 
@@ -222,13 +225,21 @@ class SimulationResult:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
 
+def format_cell(value: float | None, digits: int = 3) -> str:
+    """A number to ``digits`` decimals, ``-`` for ``None`` (no such figure)."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def format_table(results: list[SimulationResult]) -> str:
-    """A Markdown table comparing policies: TTFT and ITL p50/p95, E2E p95,
-    throughput and preemptions, one row per result (times in the results' unit)."""
+    """A Markdown table comparing policies: requests refused (``num_errors``:
+    load shedding; every other column covers only the requests served), TTFT
+    and ITL p50/p95, E2E p95, throughput and preemptions, one row per result
+    (times in the results' unit). A figure with no value (e.g. no request
+    produced a token) is ``-``."""
     head = (
-        "| policy | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | ITL max | E2E p95 "
+        "| policy | refused | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | ITL max | E2E p95 "
         "| req/s | output tok/s | preemptions |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     rows = []
     for res in results:
@@ -237,13 +248,14 @@ def format_table(results: list[SimulationResult]) -> str:
         def get(metric: str, key: str, s=s) -> str:
             """One cell: ``summary[metric][key]`` to 3 decimals, ``-`` if absent."""
             v = s[metric]
-            return "-" if v is None else f"{v[key]:.3f}"
+            return format_cell(None if v is None else v.get(key))
 
         rows.append(
-            f"| {res.scheduler} | {get('ttft', 'p50')} | {get('ttft', 'p95')} "
+            f"| {res.scheduler} | {s['num_errors']} of {s['num_requests']} "
+            f"| {get('ttft', 'p50')} | {get('ttft', 'p95')} "
             f"| {get('itl', 'p50')} | {get('itl', 'p95')} | {get('itl', 'max')} "
-            f"| {get('e2e', 'p95')} | {s['throughput_req_s']:.3f} "
-            f"| {s['throughput_output_tok_s']:.1f} | {s['num_preemptions']} |"
+            f"| {get('e2e', 'p95')} | {format_cell(s['throughput_req_s'])} "
+            f"| {format_cell(s['throughput_output_tok_s'], 1)} | {s['num_preemptions']} |"
         )
     return head + "\n".join(rows) + "\n"
 
@@ -252,13 +264,15 @@ def format_priority_table(results: list[SimulationResult]) -> str:
     """A Markdown table of TTFT p50/p95 and E2E p95 per priority value, one row per
     (result, priority), for seeing what a priority policy trades between classes."""
     lines = [
-        "| policy | priority | requests | TTFT p50 | TTFT p95 | E2E p95 |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| policy | priority | requests | refused | TTFT p50 | TTFT p95 | E2E p95 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for res in results:
         for prio, s in res.summary()["by_priority"].items():
+            ttft, e2e = s["ttft"] or {}, s["e2e"] or {}
+            cells = [ttft.get("p50"), ttft.get("p95"), e2e.get("p95")]
             lines.append(
-                f"| {res.scheduler} | {prio} | {s['num_requests']} | {s['ttft']['p50']:.3f} "
-                f"| {s['ttft']['p95']:.3f} | {s['e2e']['p95']:.3f} |"
+                f"| {res.scheduler} | {prio} | {s['num_requests']} | {s['num_errors']} | "
+                + " | ".join(map(format_cell, cells)) + " |"
             )
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from paternoster.simulate.results import SimulationResult
+from paternoster.simulate.results import SimulationResult, format_cell
 
 
 def tenant_summary(result: SimulationResult, until: float | None = None) -> list[dict]:
@@ -27,23 +27,27 @@ def tenant_summary(result: SimulationResult, until: float | None = None) -> list
             at once).
     Returns:
         One dict per tenant (the anonymous one first, then by name):
-        ``tenant``, ``num_requests``, ``output_tokens`` (delivered by
-        ``until``), ``prefill_tokens`` and ``decode_tokens`` (computed in steps
-        that ended by ``until``), ``window`` (``until`` minus the first
-        arrival), ``ttft_p50``, ``ttft_p95``, ``e2e_p95`` (all its requests).
+        ``tenant``, ``num_requests``, ``num_errors`` (refused by the policy),
+        ``output_tokens`` (delivered by ``until``), ``prefill_tokens`` and
+        ``decode_tokens`` (computed in steps that ended by ``until``),
+        ``window`` (``until`` minus the first arrival), ``ttft_p50``,
+        ``ttft_p95``, ``e2e_p95`` (its requests served; ``None`` if none was).
     """
     reqs = result.requests
     start = min(r.arrival_time for r in reqs)
     if until is None:
         until = max(r.arrival_time for r in reqs)
         if until <= start:
-            until = max(r.finish_time for r in reqs)
-    rows: dict = defaultdict(lambda: {"num_requests": 0, "output_tokens": 0,
+            until = max((r.finish_time for r in reqs if r.token_times), default=start)
+    rows: dict = defaultdict(lambda: {"num_requests": 0, "num_errors": 0, "output_tokens": 0,
                                       "prefill_tokens": 0, "decode_tokens": 0,
                                       "ttft": [], "e2e": []})  # fmt: skip
     for r in reqs:
         row = rows[r.tenant]
         row["num_requests"] += 1
+        if r.error is not None:  # refused: no tokens, no latencies
+            row["num_errors"] += 1
+            continue
         row["output_tokens"] += sum(t <= until for t in r.token_times)
         row["ttft"].append(r.ttft)
         row["e2e"].append(r.e2e)
@@ -57,26 +61,31 @@ def tenant_summary(result: SimulationResult, until: float | None = None) -> list
         row = rows[tenant]
         ttft, e2e = row.pop("ttft"), row.pop("e2e")
         out.append({"tenant": tenant, **row, "window": until - start,
-                    "ttft_p50": float(np.percentile(ttft, 50)),
-                    "ttft_p95": float(np.percentile(ttft, 95)),
-                    "e2e_p95": float(np.percentile(e2e, 95))})  # fmt: skip
+                    "ttft_p50": _percentile(ttft, 50), "ttft_p95": _percentile(ttft, 95),
+                    "e2e_p95": _percentile(e2e, 95)})  # fmt: skip
     return out
 
 
+def _percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile of ``values``, ``None`` when there are none."""
+    return float(np.percentile(values, q)) if values else None
+
+
 def format_tenant_table(results: list[SimulationResult], until: float | None = None) -> str:
-    """A Markdown table, one row per (result, tenant): requests, output tokens/s
-    and share of them while requests arrive (:func:`tenant_summary`), TTFT
-    p50/p95 and E2E p95."""
-    lines = ["| policy | tenant | requests | output tok/s | share | TTFT p50 | TTFT p95 "
-             "| E2E p95 |", "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    """A Markdown table, one row per (result, tenant): requests, those refused,
+    output tokens/s and share of them while requests arrive
+    (:func:`tenant_summary`), TTFT p50/p95 and E2E p95 (``-``: none served)."""
+    lines = ["| policy | tenant | requests | refused | output tok/s | share | TTFT p50 "
+             "| TTFT p95 | E2E p95 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for res in results:
         rows = tenant_summary(res, until)
         total = sum(r["output_tokens"] for r in rows) or 1
         for r in rows:
             rate = r["output_tokens"] / r["window"] if r["window"] > 0 else float("nan")
             lines.append(
-                f"| {res.scheduler} | {r['tenant'] or '-'} | {r['num_requests']} | {rate:.1f} "
-                f"| {r['output_tokens'] / total:.2f} | {r['ttft_p50']:.3f} "
-                f"| {r['ttft_p95']:.3f} | {r['e2e_p95']:.3f} |"
+                f"| {res.scheduler} | {r['tenant'] or '-'} | {r['num_requests']} "
+                f"| {r['num_errors']} | {rate:.1f} | {r['output_tokens'] / total:.2f} | "
+                + " | ".join(format_cell(r[k]) for k in ("ttft_p50", "ttft_p95", "e2e_p95"))
+                + " |"
             )
     return "\n".join(lines) + "\n"

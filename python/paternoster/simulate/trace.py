@@ -8,8 +8,11 @@ A trace line is a JSON object::
 unit cost model), ``prompt_len`` and ``output_len`` in tokens; ``priority``
 (default 0, lower runs first), ``request_id``, ``tag`` (a free label such as
 ``chat``) and ``tenant`` (who the request is served for, as the HTTP ``user``
-field; the ``fair`` policy shares between tenants) are optional. Each request
-generates exactly ``output_len`` tokens.
+field; the ``fair`` policy shares between tenants), ``slo_ttft_s`` and
+``slo_itl_s`` (the request's own targets for the ``slo`` policy) are optional. Each request
+generates exactly ``output_len`` tokens. ``arrival_time`` is at most
+:data:`MAX_ARRIVAL_TIME` and a ``tenant`` is 1 to 256 characters, as over HTTP
+(:func:`~paternoster.frontend.processor.check_tenant`).
 """
 
 from __future__ import annotations
@@ -21,19 +24,34 @@ from pathlib import Path
 
 import numpy as np
 
+from paternoster.frontend.processor import check_tenant
+from paternoster.request import check_slo_target
+
+MAX_ARRIVAL_TIME = 1e10
+"""The latest ``arrival_time`` a trace may give (seconds or steps). It admits
+Unix epoch timestamps in seconds (1e10 s is the year 2286), where a float64
+still resolves about 2 microseconds. Later times lose what the simulator
+measures: a float64 resolves 2 ms at 1e13 and 2 s at 1e16 (a TTFT rounds to
+0), and near 1e308 adding a step overflows."""
+
 
 @dataclass(frozen=True)
 class TraceRequest:
     """One request of a trace.
 
     Attributes:
-        arrival_time: seconds (or steps) since the start of the trace, >= 0.
+        arrival_time: seconds (or steps) since the start of the trace, in
+            ``[0, MAX_ARRIVAL_TIME]``.
         prompt_len: prompt tokens, >= 1.
         output_len: tokens to generate, >= 1 (EOS is ignored).
         priority: lower runs first under the ``priority`` policy.
         request_id: an id, unique in the trace; ``None`` means ``r<index>``.
         tag: free label (the synthetic mix uses ``chat``, ``summary``, ``long_prompt``).
-        tenant: who the request is served for (``None``: the anonymous tenant).
+        tenant: who the request is served for (``None``: the anonymous
+            tenant); 1 to 256 characters, as over HTTP and ZeroMQ.
+        slo_ttft_s, slo_itl_s: its own TTFT / ITL target for the ``slo``
+            policy, > 0 in the trace's time unit (``None``: its priority
+            class's or the policy's), as the HTTP fields.
     Raises:
         ValueError: a field out of range (the message names it).
     """
@@ -45,19 +63,25 @@ class TraceRequest:
     request_id: str | None = None
     tag: str | None = None
     tenant: str | None = None
+    slo_ttft_s: float | None = None
+    slo_itl_s: float | None = None
 
     def __post_init__(self) -> None:
         t = self.arrival_time
-        if not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
+        # Compared, not converted: a JSON integer too large for a float is refused too.
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
             raise ValueError(f"arrival_time must be a finite number >= 0, got {t!r}")
+        if not t <= MAX_ARRIVAL_TIME:
+            raise ValueError(f"arrival_time must be at most {MAX_ARRIVAL_TIME:g}, got {t!r}")
         for name in ("prompt_len", "output_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise ValueError(f"priority must be an integer, got {self.priority!r}")
-        if self.tenant is not None and (not isinstance(self.tenant, str) or not self.tenant):
-            raise ValueError(f"tenant must be a non-empty string, got {self.tenant!r}")
+        check_tenant(self.tenant, "tenant")  # the rule of HTTP and ZeroMQ
+        for name in ("slo_ttft_s", "slo_itl_s"):
+            check_slo_target(getattr(self, name), name)
 
     def to_dict(self) -> dict:
         """JSON-ready dict; ``None`` fields are left out."""
@@ -65,7 +89,7 @@ class TraceRequest:
 
 
 _FIELDS = {"arrival_time", "prompt_len", "output_len", "priority", "request_id", "tag",
-           "tenant"}  # fmt: skip
+           "tenant", "slo_ttft_s", "slo_itl_s"}  # fmt: skip
 
 
 def load_trace(path: str | Path) -> list[TraceRequest]:
