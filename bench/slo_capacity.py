@@ -414,6 +414,22 @@ def _fmt_ratio(r: float | None) -> str:
 # ------------------------------------------------------------------- main
 
 
+def _json_object(text: str) -> dict:
+    """``--slo-config``'s value: a JSON object.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (argparse prints it as a
+            usage error naming the option).
+    """
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (module doc)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
@@ -432,7 +448,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bisect-rounds", type=int, default=6,
                     help="bisection rounds of the simulated search after its ramp")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0, help="seed of the mix and the arrivals")
-    ap.add_argument("--slo-config", type=json.loads, default={},
+    ap.add_argument("--slo-config", type=_json_object, default={},
                     help="more slo options, JSON (e.g. '{\"margin\": 0.05}')")  # fmt: skip
     ap.add_argument("--policies", default=None,
                     help="only these labels, comma-separated (e.g. fcfs,slo)")  # fmt: skip
@@ -473,15 +489,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = sorted(set(args.mixes) - set(MIXES))
     if bad:
         ap.error(f"unknown mixes {bad}; choose from {sorted(MIXES)}")
-    args.chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
+    try:
+        args.chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
+    except ValueError:
+        ap.error(f"--chunks must be token budgets (integers), comma-separated, "
+                 f"got {args.chunks!r}")  # fmt: skip
     if any(c < 1 for c in args.chunks):
         ap.error(f"--chunks must be token budgets >= 1, got {args.chunks}")
     floors = {"start": (0.0, "> 0"), "probe_duration": (0.0, "> 0"),
               "probe_requests": (0.5, ">= 1"), "bisect_rounds": (-0.5, ">= 0"),
-              "real_bisect_rounds": (-0.5, ">= 0")}  # fmt: skip
+              "real_bisect_rounds": (-0.5, ">= 0"),
+              "slo_ttft_p95": (0.0, "a finite number > 0"),
+              "slo_itl_p95": (0.0, "a finite number > 0")}  # fmt: skip
     for name, (floor, rule) in floors.items():
-        if not getattr(args, name) > floor:
-            ap.error(f"--{name.replace('_', '-')} must be {rule}, got {getattr(args, name)}")
+        v = getattr(args, name)
+        if not v > floor or (name.startswith("slo_") and not math.isfinite(v)):
+            ap.error(f"--{name.replace('_', '-')} must be {rule}, got {v}")
+    # The slo policy's options as it will get them (policies()), checked now,
+    # not by the first simulated probe.
+    from paternoster.scheduling.registry import load_scheduler_class
+
+    slo = {"ttft_s": args.slo_ttft_p95, "itl_s": args.slo_itl_p95, **args.slo_config}
+    try:
+        load_scheduler_class("slo").check_options(slo)
+    except ValueError as e:
+        ap.error(f"--slo-config: {e}")
+    if args.cost_model is not None:
+        from paternoster.scheduling.cost_model import CostModel
+
+        if not args.cost_model.strip():
+            ap.error(f"--cost-model needs a JSON file's path, got {args.cost_model!r}")
+        try:
+            CostModel.load(args.cost_model)
+        except ValueError as e:
+            ap.error(f"--cost-model: {e}")
     if args.ceiling_requests < MIN_CEILING_REQUESTS:
         ap.error(f"--ceiling-requests must be >= {MIN_CEILING_REQUESTS}, got "
                  f"{args.ceiling_requests}")  # fmt: skip

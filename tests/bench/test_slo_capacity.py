@@ -193,11 +193,50 @@ def test_ceiling_table_bounds_the_ratio_by_the_fastest_policy_with_the_queue_ful
     ["--ceiling-requests", "0"], ["--ceiling-requests", "10"], ["--policies", "fcfs,bogus"],
     ["--probe-duration", "0"], ["--probe-requests", "0"], ["--bisect-rounds", "-1"],
     ["--chunks", "0"], ["--start", "-1"],
+    ["--slo-ttft-p95", "0"], ["--slo-ttft-p95", "-1"], ["--slo-ttft-p95", "nan"],
+    ["--slo-ttft-p95", "inf"], ["--slo-itl-p95", "0"], ["--slo-itl-p95", "-1"],
+    ["--slo-itl-p95", "nan"], ["--slo-config", "xx"], ["--slo-config", "[1]"],
+    ["--slo-config", '{"bogus": 1}'], ["--slo-config", '{"margin": 5}'],
+    ["--slo-config", '{"cost_model": "/nonexistent/cm.json"}'], ["--chunks", "abc"],
+    ["--chunks", "128,x"], ["--cost-model", "/nonexistent/cm.json"], ["--cost-model", " "],
 ])  # fmt: skip
 def test_bad_arguments_are_refused(argv, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         parse_args(argv)
+    assert e.value.code == 2  # argparse's usage error, not a traceback
     assert argv[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--slo-ttft-p95", "0"], "--slo-ttft-p95 must be a finite number > 0, got 0.0"),
+    (["--slo-itl-p95", "nan"], "--slo-itl-p95 must be a finite number > 0, got nan"),
+    (["--slo-config", '{"bogus": 1}'], "--slo-config: unknown scheduler_config keys for 'slo'"),
+    (["--slo-config", '{"margin": 5}'], "--slo-config: margin must be"),
+    (["--slo-config", "[1]"], "argument --slo-config: must be a JSON object, got '[1]'"),
+    (["--chunks", "abc"], "--chunks must be token budgets (integers), comma-separated, "
+                          "got 'abc'"),
+    (["--cost-model", "/nonexistent/cm.json"], "--cost-model: cannot read cost model"),
+])  # fmt: skip
+def test_bad_arguments_fail_before_any_work_with_a_usage_error(argv, message, tmp_path, capsys):
+    from paternoster.bench.slo_capacity import main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {message}" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_cost_model_file_and_slo_options_are_accepted(tmp_path):
+    from paternoster.scheduling.cost_model import DEFAULT_COST_MODEL
+
+    DEFAULT_COST_MODEL.save(tmp_path / "cm.json")
+    args = parse_args(["--cost-model", str(tmp_path / "cm.json"), "--slo-ttft-p95", "1.5",
+                       "--slo-config", '{"margin": 0.05, "load_shedding": true}'])  # fmt: skip
+    assert args.slo_config == {"margin": 0.05, "load_shedding": True}
+    assert args.slo_ttft_p95 == 1.5 and args.cost_model == str(tmp_path / "cm.json")
 
 
 def test_known_policies_are_accepted():
