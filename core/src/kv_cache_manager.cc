@@ -276,32 +276,19 @@ int64_t KVCacheManager::get_computed_blocks(int64_t req_id, const int64_t* token
     throw std::invalid_argument("get_computed_blocks: request " + std::to_string(req_id) +
                                 " already has KV blocks (free it first)");
   }
+  PrefixWalk walk;
+  const int64_t hit = cached_prefix_blocks(tokens, n, cache_salt, &walk);
   const auto G = groups_.size();
   std::vector<RequestCache>& states = req_cache_[req_id];
   states.assign(G, RequestCache{});
   Tables& tables = tables_[req_id];
   tables.assign(G, {});
-  // Each group's longest cached chain; the request takes the shortest.
-  int64_t hit = n > 0 ? (n - 1) / block_size_ : 0;  // keep the last token
-  for (size_t g = 0; g < G && hit > 0; ++g) {
-    RequestCache& st = states[g];
-    st.salt.assign(cache_salt.data(), cache_salt.size());
-    std::vector<int32_t>& table = tables[g];
-    BlockRef last;
-    for (int64_t i = 0; i < hit; ++i) {
-      const BlockHash h = block_hash_at(st, static_cast<int64_t>(g), i, tokens);
-      const auto found = match(static_cast<int64_t>(g), h, last, tokens + i * block_size_,
-                               st.salt);
-      if (!found) break;
-      table.push_back(*found);
-      last = BlockRef{*found, pool_.generation(*found)};
-    }
-    hit = static_cast<int64_t>(table.size());
-  }
   for (size_t g = 0; g < G; ++g) {
     RequestCache& st = states[g];
     st.salt.assign(cache_salt.data(), cache_salt.size());
+    st.hashes = std::move(walk.hashes[g]);  // cache_blocks() goes on from them
     std::vector<int32_t>& table = tables[g];
+    table = std::move(walk.found[g]);
     table.resize(static_cast<size_t>(hit));
     pool_.touch(table);
     st.num_linked = hit;
@@ -316,26 +303,38 @@ int64_t KVCacheManager::get_computed_blocks(int64_t req_id, const int64_t* token
   return computed;
 }
 
-int64_t KVCacheManager::num_cached_prefix_tokens(const int64_t* tokens, int64_t n,
-                                                 std::string_view cache_salt) const {
-  if (n < 0) throw std::invalid_argument("negative token count " + std::to_string(n));
-  if (!enable_caching()) return 0;
-  // The walk of get_computed_blocks, on local hashes and without touching.
+int64_t KVCacheManager::cached_prefix_blocks(const int64_t* tokens, int64_t n,
+                                             std::string_view salt, PrefixWalk* out) const {
+  const auto G = static_cast<int64_t>(groups_.size());
+  if (out) {
+    out->found.assign(static_cast<size_t>(G), {});
+    out->hashes.assign(static_cast<size_t>(G), {});
+  }
+  // Each group's longest cached chain; the request takes the shortest.
   int64_t hit = n > 0 ? (n - 1) / block_size_ : 0;  // keep the last token
-  for (int64_t g = 0; g < num_groups() && hit > 0; ++g) {
-    BlockHash h = chain_root(cache_salt, g);
+  for (int64_t g = 0; g < G && hit > 0; ++g) {
+    BlockHash h = chain_root(salt, g);
     BlockRef last;
     int64_t i = 0;
     for (; i < hit; ++i) {
       const int64_t* block = tokens + i * block_size_;
       h = chain_hash(h, block);
-      const auto found = match(g, h, last, block, cache_salt);
+      if (out) out->hashes[static_cast<size_t>(g)].push_back(h);
+      const auto found = match(g, h, last, block, salt);
       if (!found) break;
+      if (out) out->found[static_cast<size_t>(g)].push_back(*found);
       last = BlockRef{*found, pool_.generation(*found)};
     }
     hit = i;
   }
-  return hit * block_size_;
+  return hit;
+}
+
+int64_t KVCacheManager::num_cached_prefix_tokens(const int64_t* tokens, int64_t n,
+                                                 std::string_view cache_salt) const {
+  if (n < 0) throw std::invalid_argument("negative token count " + std::to_string(n));
+  if (!enable_caching()) return 0;
+  return cached_prefix_blocks(tokens, n, cache_salt, nullptr) * block_size_;
 }
 
 bool KVCacheManager::has_blocks_to_cache(int64_t req_id, int64_t num_tokens) const {

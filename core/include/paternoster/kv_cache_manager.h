@@ -255,6 +255,17 @@ class KVCacheManager {
   int64_t first_needed_block(int64_t g, int64_t num_computed) const;
   void check_group(int64_t g) const;
   BlockHash block_hash_at(RequestCache& st, int64_t g, int64_t i, const int64_t* tokens);
+  // What cached_prefix_blocks() found: per group, the matched block ids and
+  // the hashes it computed (through the first miss).
+  struct PrefixWalk {
+    Tables found;
+    std::vector<std::vector<BlockHash>> hashes;
+  };
+  // The longest prefix of tokens[0 .. n) cached in every group, in whole
+  // blocks, leaving the last token uncomputed; changes nothing. With `out`,
+  // what each group's walk found (for get_computed_blocks to take).
+  int64_t cached_prefix_blocks(const int64_t* tokens, int64_t n, std::string_view salt,
+                               PrefixWalk* out) const;
   // The hash of the block `block` after the block hashed `parent`; the first
   // block's parent is chain_root(salt, g).
   BlockHash chain_hash(BlockHash parent, const int64_t* block) const;

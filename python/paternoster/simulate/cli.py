@@ -28,20 +28,32 @@ from paternoster.simulate.results import (
 from paternoster.simulate.tenants import format_tenant_table
 
 
-def _policy_list(text: str) -> str:
-    """``--compare``'s value, checked: distinct policy names, comma-separated
-    (blanks around them ignored); an empty list would fall back to
-    ``--scheduler`` without a word.
+def _policy_names(text: str) -> list[str]:
+    """Distinct policy names, comma-separated (blanks around them ignored).
 
     Raises:
-        argparse.ArgumentTypeError: no name, or a name given twice (argparse
-            prints it as a usage error naming ``--compare``).
+        ValueError: no name, or a name given twice.
     """
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise argparse.ArgumentTypeError(f"needs policy names, comma-separated, got {text!r}")
+        raise ValueError(f"needs policy names, comma-separated, got {text!r}")
     if len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"needs distinct policy names, got {text!r}")
+        raise ValueError(f"needs distinct policy names, got {text!r}")
+    return names
+
+
+def _policy_list(text: str) -> str:
+    """``--compare``'s value, checked by :func:`_policy_names` while parsing (an
+    empty list would otherwise fall back to ``--scheduler`` without a word).
+
+    Raises:
+        argparse.ArgumentTypeError: a bad list (argparse prints it as a usage
+            error naming ``--compare``).
+    """
+    try:
+        _policy_names(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 
@@ -212,11 +224,11 @@ def run(args: argparse.Namespace) -> int:
         if args.calibrate and args.fit_timeline is not None:
             raise ValueError("--calibrate and --fit-timeline both make the cost model: "
                              "give one")
-        names = [n.strip() for n in (args.compare or args.scheduler).split(",") if n.strip()]
-        if not names or len(set(names)) != len(names):
-            if args.compare is None:
-                raise ValueError(f"--scheduler needs a policy name, got {args.scheduler!r}")
-            raise ValueError(f"--compare needs distinct policy names, got {args.compare!r}")
+        flag = "--compare" if args.compare else "--scheduler"
+        try:
+            names = _policy_names(args.compare or args.scheduler)
+        except ValueError as e:
+            raise ValueError(f"{flag} {e}") from None
         configs = _policy_configs(names, args.scheduler_config, bool(args.compare))
         # Settings shared by every policy fail here, unprefixed, not in the first run.
         SchedulerConfig(scheduler=names[0], max_num_seqs=args.max_num_seqs,
