@@ -16,23 +16,41 @@ class PriorityScheduler(Scheduler):
     """Lower ``priority`` value runs first (vLLM's convention); ties by arrival.
 
     Waiting requests sit in a binary heap (:class:`PriorityRequestQueue`),
-    admitted in rank order; nothing is re-sorted per step. When the best
-    waiting request ranks strictly better than the worst running one and no
-    sequence slot or KV room is free for it (:meth:`fits`), the worst running
-    request (:meth:`select_victim`) is preempted (recompute: its blocks are
-    freed, its generated tokens kept) until it fits. When KV blocks run out
-    for running requests, the victim is the same: the lowest-priority running
-    request, latest arrival among equals (vLLM v1's priority victim).
-    Prompts are computed whole.
+    admitted in rank order; nothing is re-sorted per step.
 
-    Aging: a waiting request's effective priority improves by one level per
-    ``aging_steps`` engine steps waited (by ``1 / aging_steps`` each step), so
-    a low-priority request under a stream of high-priority ones still runs
-    eventually. Every waiting request ages at the same rate, so their order
-    never changes while they wait and the heap key is fixed when a request
-    is queued: ``priority * aging_steps + step queued`` (a virtual deadline).
-    A running request keeps the rank it was admitted with; a preempted one
-    starts aging again from its own priority.
+    Preemption cannot ping-pong: when no sequence slot or KV room is free for
+    the head of the heap (:meth:`fits`), a running request is preempted
+    (recompute: blocks freed, generated tokens kept) only if its base
+    ``priority`` is *strictly* worse than the head's *and* it ranks worse
+    than the head now (it has not aged past it); those are preempted worst
+    first (:meth:`select_victim`) until the head fits. Requests of equal base
+    priority never displace each other, whatever they aged.
+    When KV blocks run out for running requests the victim is the same: the
+    worst base priority, then the worst rank, then the latest arrival (vLLM
+    v1's priority victim). Prompts are computed whole.
+
+    Aging orders the waiting queue only: a waiting request's rank improves by
+    one priority level per ``aging_steps`` engine steps waited (by
+    ``1 / aging_steps`` each step), so a low-priority request under a stream
+    of high-priority ones reaches the head of the queue and runs at the next
+    free slot, and once running it is displaced only by a more urgent request
+    that outranks the rank it ran with; it never preempts a request of its
+    own or better base priority. Every waiting request ages at the same rate, so their order
+    never changes while they wait and the heap key is fixed when a request is
+    queued: ``start rank + step queued`` (a virtual deadline), where the start
+    rank is ``priority * aging_steps`` for a new request. A running request
+    keeps the rank it was admitted with; a preempted one keeps what it aged
+    (its start rank is the rank it was admitted with) and goes on aging.
+
+    Bound: admission displaces a running request only for a waiting one of
+    strictly more urgent base priority (that also outranks it), so
+    displacements go strictly down the base priorities and a request is
+    displaced at most
+    once per more urgent request that arrives while it runs, and never by its
+    equals: the ping-pong of equal priorities that aging alone would cause
+    (a waiting request outranks a running one, which is preempted, ages in
+    turn and preempts back) cannot happen. A KV shortage among running
+    requests still preempts, as in every policy.
 
     Options (``--scheduler-config``):
         aging_steps: steps of waiting per priority level gained (``0``: no aging).
@@ -56,6 +74,7 @@ class PriorityScheduler(Scheduler):
         super().__init__(*args, **kwargs)  # checks the options
         self.aging_steps = self.options["aging_steps"]
         self._waiting_since: dict[str, int] = {}
+        self._start_rank: dict[str, int] = {}
         self._admitted_rank: dict[str, int] = {}
 
     # ------------------------------------------------------------- ordering
@@ -64,16 +83,18 @@ class PriorityScheduler(Scheduler):
         """A request's place in line now, lower first, in units of
         ``1 / aging_steps`` priority levels (of whole levels without aging).
 
-        Waiting: ``priority * aging_steps - steps waited``. Running: the rank
-        it was admitted with.
+        Waiting: its start rank (``priority * aging_steps`` when new, the rank
+        it ran with when preempted) minus the steps waited since it was
+        queued. Running: the rank it was admitted with.
         """
         rid = request.request_id
         if rid in self._admitted_rank:
             return self._admitted_rank[rid]
         if not self.aging_steps:
             return request.priority
+        start = self._start_rank.get(rid, request.priority * self.aging_steps)
         waited = self.num_steps - self._waiting_since.get(rid, self.num_steps)
-        return request.priority * self.aging_steps - waited
+        return start - waited
 
     def _heap_key(self, request: Request) -> tuple[int, float]:
         # rank + num_steps stays constant while the request waits.
@@ -90,30 +111,38 @@ class PriorityScheduler(Scheduler):
         self.waiting.add_request(request)
 
     def requeue_preempted(self, request: Request) -> None:
-        """Drop its admitted rank; it queues again like a new arrival of its priority."""
-        self._admitted_rank.pop(request.request_id, None)
+        """Queue it again from the rank it ran with: it keeps what it aged."""
+        rid = request.request_id
+        rank = self._admitted_rank.pop(rid, None)
+        if rank is not None and self.aging_steps:
+            self._start_rank[rid] = rank
         self.enqueue_waiting(request)
 
     def select_victim(self, running: Sequence[Request]) -> Request:
-        """The lowest-priority running request: highest rank, latest arrival
-        among equals."""
-        return max(running, key=lambda r: (self.rank(r), r.arrival_time))
+        """The running request to give up first: worst base priority, then
+        worst rank, then latest arrival."""
+        return max(running, key=lambda r: (r.priority, self.rank(r), r.arrival_time))
 
     def on_admitted(self, request: Request) -> None:
         """Freeze the rank it was admitted with."""
-        self._admitted_rank[request.request_id] = self.rank(request)
-        self._waiting_since.pop(request.request_id, None)
+        rid = request.request_id
+        self._admitted_rank[rid] = self.rank(request)
+        self._waiting_since.pop(rid, None)
+        self._start_rank.pop(rid, None)
 
     def on_finished(self, request: Request) -> None:
         """Forget its rank bookkeeping."""
-        self._waiting_since.pop(request.request_id, None)
-        self._admitted_rank.pop(request.request_id, None)
+        rid = request.request_id
+        self._waiting_since.pop(rid, None)
+        self._start_rank.pop(rid, None)
+        self._admitted_rank.pop(rid, None)
 
     # ------------------------------------------------------------- the step
 
     def schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         """Admit in rank order; for each head of the heap, first preempt
-        worse-ranked running requests until it fits (:meth:`make_room`).
+        running requests of strictly worse base priority until it fits
+        (:meth:`make_room`).
 
         Returns:
             The budget left.
@@ -128,17 +157,20 @@ class PriorityScheduler(Scheduler):
         return budget
 
     def make_room(self, head: Request, out: SchedulerOutput) -> int:
-        """Preempt running requests ranked strictly worse than ``head`` (worst
-        first) until ``head`` :meth:`fits`.
+        """Preempt running requests whose base priority is strictly worse than
+        ``head``'s and whose rank is worse than ``head``'s rank now
+        (:meth:`select_victim` order) until ``head`` :meth:`fits`; requests of
+        ``head``'s priority or better, and those that aged past it, are never
+        displaced.
 
         Returns:
             The tokens the victims give back to this step's budget.
         """
         freed = 0
-        rank = self.rank(head)
-        while self.running and not self.fits(head):
-            victim = self.select_victim(self.running)
-            if self.rank(victim) <= rank:
+        priority, rank = head.priority, self.rank(head)
+        while not self.fits(head):
+            worse = [r for r in self.running if r.priority > priority and self.rank(r) > rank]
+            if not worse:
                 break
-            freed += self.preempt(victim, out)
+            freed += self.preempt(self.select_victim(worse), out)
         return freed

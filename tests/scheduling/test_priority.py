@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -186,4 +187,125 @@ def test_heap_order_is_always_the_order_of_current_rank_then_arrival(arrivals, a
         waiting = list(s.waiting)
         assert waiting == sorted(waiting, key=lambda r: (s.rank(r), r.arrival_time))
         run_step(s)
+        assert s.num_steps < 500
+
+
+# ------------------------------------------------- no ping-pong (issue 37)
+
+
+def _long_then_urgent_then_equals(n_long: int, m_late: int, aging_steps: int):
+    """``n_long`` long requests of priority 1 fill every sequence slot; an
+    urgent one (priority 0) arrives, then ``m_late`` more of priority 1.
+    Returns the scheduler, the requests by name, and each one's first-token step."""
+    s = create_scheduler("priority", num_blocks=512, block_size=16, max_num_seqs=n_long,
+                         max_num_batched_tokens=256, max_model_len=256,
+                         aging_steps=aging_steps)
+    reqs = {}
+    for i, r in enumerate(create_requests(n_long, prompt_len=8, max_tokens=120)):
+        reqs[f"long{i}"] = _with_priority(r, 1, f"long{i}")
+        r.arrival_time = float(i)
+        s.add_request(r)
+    for _ in range(4):
+        run_step(s)
+    (urgent,) = create_requests(1, prompt_len=8, max_tokens=10)
+    urgent.arrival_time = 100.0
+    reqs["urgent"] = _with_priority(urgent, 0, "urgent")
+    s.add_request(urgent)
+    first: dict[str, int] = {}
+    arrivals = iter(range(m_late))
+    while s.has_unfinished_requests():
+        j = next(arrivals, None)
+        if j is not None:  # one equal-priority arrival per step
+            (late,) = create_requests(1, prompt_len=8, max_tokens=10)
+            late.arrival_time = 200.0 + j
+            reqs[f"late{j}"] = _with_priority(late, 1, f"late{j}")
+            s.add_request(late)
+        _, outputs = run_step(s)
+        for o in outputs:
+            first.setdefault(o.request_id, s.num_steps)
+        assert s.num_steps < 2000
+    return s, reqs, first
+
+
+@pytest.mark.parametrize("aging_steps", [0, 1, 100])
+@pytest.mark.parametrize(("n_long", "m_late"), [(2, 1), (1, 3), (4, 5)])
+def test_an_urgent_arrival_among_long_equals_costs_one_preemption(n_long, m_late, aging_steps):
+    """The scenario of issue 37 (68 preemptions with continuous aging): one
+    preemption makes room for the urgent request, served at once; the
+    equal-priority newcomers wait for a long request to finish instead of
+    displacing it, and nothing is preempted twice."""
+    s, reqs, first = _long_then_urgent_then_equals(n_long, m_late, aging_steps)
+    assert s.num_preemptions_total == 1
+    assert max(r.num_preemptions for r in reqs.values()) == 1
+    assert reqs[f"long{n_long - 1}"].num_preemptions == 1  # the latest arrival
+    assert first["urgent"] == 5  # the step after it arrived
+    longs_done = sorted(first[f"long{i}"] for i in range(n_long))
+    assert all(first[f"late{j}"] > longs_done[0] for j in range(m_late))
+    assert all(len(r.output_token_ids) == r.max_tokens for r in reqs.values())
+
+
+def test_a_preempted_request_keeps_what_it_aged():
+    """``low`` waits 20 steps behind a blocker, runs, and is displaced by an
+    urgent request; queued again, it goes before ``equal``, an equal-priority
+    request that waited less (with its age reset it would go after)."""
+    s = create_scheduler("priority", max_num_seqs=1, aging_steps=10)
+    blocker, low, equal, urgent = create_requests(4, max_tokens=20)
+    s.add_request(_with_priority(blocker, 0, "blocker"))
+    s.add_request(_with_priority(low, 1, "low"))
+    while not blocker.is_finished:
+        if s.num_steps == 12:
+            s.add_request(_with_priority(equal, 1, "equal"))
+        run_step(s)
+    run_step(s)
+    assert s.running == [low]
+    s.add_request(_with_priority(urgent, -5, "urgent"))
+    plan, _ = run_step(s)
+    assert plan.preempted == [low] and s.running == [urgent]
+    assert [r.request_id for r in s.waiting] == ["low", "equal"]
+    while not urgent.is_finished:
+        run_step(s)
+    run_step(s)
+    assert s.running == [low] and low.num_preemptions == 1
+
+
+def test_an_aged_running_request_is_not_displaced_by_a_fresh_urgent_one():
+    """``low`` aged past priority 0 before it ran: a priority-0 arrival waits
+    for it rather than preempting it, until the newcomer has aged past it."""
+    s = create_scheduler("priority", max_num_seqs=1, aging_steps=2)
+    blocker, low, fresh = create_requests(3, max_tokens=8)
+    s.add_request(_with_priority(blocker, -10, "blocker"))
+    s.add_request(_with_priority(low, 1, "low"))
+    while not blocker.is_finished:
+        run_step(s)
+    run_step(s)
+    assert s.running == [low] and s.rank(low) < 0
+    s.add_request(_with_priority(fresh, 0, "fresh"))
+    run_step(s)
+    assert s.running == [low] and s.num_preemptions_total == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    arrivals=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 3)), min_size=1, max_size=14),
+    max_num_seqs=st.integers(1, 3),
+    aging_steps=st.integers(0, 6),
+)
+def test_only_a_strictly_more_urgent_admission_preempts(arrivals, max_num_seqs, aging_steps):
+    """With KV to spare, every preemption makes room for a request admitted
+    in the same step whose base priority is strictly more urgent, and no
+    request is ever preempted by one of its own priority."""
+    s = create_scheduler("priority", max_num_seqs=max_num_seqs, num_blocks=256,
+                         aging_steps=aging_steps)
+    pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
+    while pending or s.has_unfinished_requests():
+        while pending and pending[0][1][0] <= s.num_steps:
+            i, (_, prio) = pending.pop(0)
+            (r,) = create_requests(1, prompt_len=6, max_tokens=6)
+            r.arrival_time = float(i)
+            s.add_request(_with_priority(r, prio, f"q{i}"))
+        before = set(map(id, s.running))
+        plan, _ = run_step(s)
+        admitted = [r for r in plan.scheduled if id(r) not in before]
+        for victim in plan.preempted:
+            assert any(a.priority < victim.priority for a in admitted)
         assert s.num_steps < 500

@@ -169,7 +169,9 @@ class SimulationResult:
             ``num_requests``, ``num_errors`` (requests the policy refused;
             left out of every other figure), ``num_steps``, ``duration``,
             ``throughput_req_s``,
-            ``throughput_output_tok_s``, ``num_preemptions``, and for ``ttft``,
+            ``throughput_output_tok_s``, ``num_preemptions``,
+            ``max_preemptions_per_request`` (the most times one request was
+            preempted: above 1, requests take turns evicting each other), and for ``ttft``,
             ``itl`` (all gaps of all requests pooled), ``itl_mean`` (one mean per
             request), ``e2e`` and ``queue_time`` a dict of ``mean``, ``p50``,
             ``p95``, ``p99``, ``max`` (``None`` when there is no value, e.g. no
@@ -190,6 +192,8 @@ class SimulationResult:
             "throughput_req_s": len(reqs) / duration if duration > 0 else None,
             "throughput_output_tok_s": out_tokens / duration if duration > 0 else None,
             "num_preemptions": self.num_preemptions_total,
+            "max_preemptions_per_request": max(
+                (r.num_preemptions for r in self.requests), default=0),
             "ttft": _stats([r.ttft for r in reqs]),
             "itl": _stats(itls),
             "itl_mean": _stats([float(np.mean(r.itls)) for r in reqs if r.output_len > 1]),
@@ -233,13 +237,13 @@ def format_cell(value: float | None, digits: int = 3) -> str:
 def format_table(results: list[SimulationResult]) -> str:
     """A Markdown table comparing policies: requests refused (``num_errors``:
     load shedding; every other column covers only the requests served), TTFT
-    and ITL p50/p95, E2E p95, throughput and preemptions, one row per result
-    (times in the results' unit). A figure with no value (e.g. no request
-    produced a token) is ``-``."""
+    and ITL p50/p95, E2E p95, throughput and preemptions (in all, and the most
+    of one request), one row per result (times in the results' unit). A
+    figure with no value (e.g. no request produced a token) is ``-``."""
     head = (
         "| policy | refused | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | ITL max | E2E p95 "
-        "| req/s | output tok/s | preemptions |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| req/s | output tok/s | preemptions | most of one request |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     rows = []
     for res in results:
@@ -255,7 +259,8 @@ def format_table(results: list[SimulationResult]) -> str:
             f"| {get('ttft', 'p50')} | {get('ttft', 'p95')} "
             f"| {get('itl', 'p50')} | {get('itl', 'p95')} | {get('itl', 'max')} "
             f"| {get('e2e', 'p95')} | {format_cell(s['throughput_req_s'])} "
-            f"| {format_cell(s['throughput_output_tok_s'], 1)} | {s['num_preemptions']} |"
+            f"| {format_cell(s['throughput_output_tok_s'], 1)} | {s['num_preemptions']} "
+            f"| {s['max_preemptions_per_request']} |"
         )
     return head + "\n".join(rows) + "\n"
 
