@@ -36,12 +36,16 @@ def test_models_and_health(server, client):
     assert err.value.body["param"] == "model"
 
 
-@pytest.mark.parametrize("content", [[], [{"type": "text"}], [{"text": "a"}, {"type": "text"}]])
-def test_chat_content_parts_without_text_are_a_400(client, model, content):
+@pytest.mark.parametrize(("content", "param"), [
+    ([], "messages[0].content"),
+    ([{"type": "text"}], "messages[0].content[0].text"),
+    ([{"text": "a"}, {"type": "text"}], "messages[0].content[1].text"),
+])  # fmt: skip
+def test_chat_content_parts_without_text_are_a_400(client, model, content, param):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=model, max_tokens=2,
                                        messages=[{"role": "user", "content": content}])
-    assert err.value.body["param"] == "messages"
+    assert err.value.body["param"] == param  # the field's path, as OpenAI names it
 
 
 def test_completion_usage_is_exact(client, model, tokenizer):

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from paternoster.frontend.errors import InvalidRequestError
-from paternoster.frontend.processor import ChatInput, InputProcessor
+from paternoster.frontend.processor import (
+    MAX_TENANT_LENGTH,
+    ChatInput,
+    InputProcessor,
+    check_tenant,
+    wire_tenant,
+)
 
 MAX_LEN = 64
 
@@ -77,7 +83,7 @@ def test_a_user_message_without_content_is_refused(processor):
     """OpenAI answers 400; before, it generated to the end of the context."""
     with pytest.raises(InvalidRequestError, match="'user' message must have content") as e:
         processor.chat(ChatInput([{"role": "user", "content": None}]))
-    assert _param(e) == "messages"
+    assert _param(e) == "messages[0].content"  # the field's path, as OpenAI names it
 
 
 def test_an_assistant_message_may_have_no_content(processor, tokenizer):
@@ -108,3 +114,47 @@ def test_a_prompt_alone_over_the_context_names_the_prompt_field(processor):
 def test_a_tool_message_without_content_is_refused(processor):
     with pytest.raises(InvalidRequestError, match="'tool' message must have content"):
         processor.chat(ChatInput([{"role": "user", "content": "x"}, {"role": "tool"}]))
+
+
+# ---------------------------------------------------------------- tenant names
+
+
+@pytest.mark.parametrize("name", ["acme", "team 7", "x" * MAX_TENANT_LENGTH, "équipe-東京",
+                                  "a:b/c@d", "🙂"])  # fmt: skip
+def test_a_printable_tenant_name_is_kept(name):
+    assert check_tenant(name, "user") == name
+    assert wire_tenant(name, "user") == name
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("a\x07b", "printable characters only, got U+0007 at position 1"),
+    ("a\x1b[31mred", "U+001B"),  # a terminal escape, as in a log line
+    ("tab\there", "U+0009"),
+    ("a\nb", "U+000A"),
+    ("a\x7fb", "U+007F"),  # DEL
+    ("a\x85b", "U+0085"),  # C1 NEL: what a raw header byte 0x85 becomes (Latin-1)
+    ("a\u200bb", "U+200B"),  # zero width space: two tenants that look alike
+    ("\u202eevil", "U+202E"),  # right-to-left override
+    ("a\u00a0b", "U+00A0"),  # no-break space: the only space allowed is the ASCII one
+    ("\ud800", "U+D800"),  # a lone surrogate (not valid Unicode)
+    (" lead", "must not begin or end with a space"),
+    ("trail ", "must not begin or end with a space"),
+    (" ", "must not begin or end with a space"),
+    ("t" * (MAX_TENANT_LENGTH + 1), f"at most {MAX_TENANT_LENGTH} characters"),
+])  # fmt: skip
+def test_a_tenant_name_with_unprintable_characters_is_refused_naming_the_field(name, words):
+    for param in ("user", "X-Tenant-Id", "tenant"):
+        with pytest.raises(InvalidRequestError, match=f"^{param} must") as e:
+            wire_tenant(name, param)
+        assert words in str(e.value) and _param(e) == param
+        assert name not in str(e.value) or name.isprintable()  # the character is not echoed
+
+
+def test_an_empty_tenant_is_anonymous_on_the_wire_and_refused_as_a_name():
+    """HTTP and ZeroMQ read "" as no tenant (OpenAI accepts ``user: ""``); the
+    offline API and traces, which have ``None`` for that, refuse it."""
+    assert wire_tenant("", "tenant") is None and wire_tenant(None, "user") is None
+    with pytest.raises(InvalidRequestError, match="tenant must be a non-empty string"):
+        check_tenant("", "tenant")
+    with pytest.raises(InvalidRequestError, match="tenant must be a non-empty string"):
+        check_tenant(7, "tenant")

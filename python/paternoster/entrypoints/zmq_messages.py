@@ -110,7 +110,9 @@ class Generate(_Message):
 
     ``slo_ttft_s`` / ``slo_itl_s`` are the request's latency targets in
     seconds (the ``slo`` scheduler); their range (a finite number > 0) is
-    checked by the request pipeline, as for HTTP.
+    checked by the request pipeline, as for HTTP. So is ``tenant``, by the
+    HTTP ``user`` rule (:func:`~paternoster.frontend.processor.wire_tenant`:
+    ``""`` is the anonymous tenant, a name is 1 to 256 printable characters).
     """
 
     v: int

@@ -30,8 +30,8 @@ from paternoster.frontend.processor import (
     DEFAULT_MAX_STOP,
     ChatInput,
     InputProcessor,
-    check_tenant,
     check_text,
+    wire_tenant,
 )
 from paternoster.metrics.requests import RequestMetrics
 from paternoster.request import check_slo_target
@@ -62,8 +62,8 @@ class RequestOptions:
             constraint, a function of the rendered prompt giving the
             constraint's ``reasoning`` entry (the grammar then waits for the
             reasoning to end), or ``None``.
-        tenant: who the request is served for (``fair`` scheduler; ``None``:
-            the anonymous tenant).
+        tenant: who the request is served for (``fair`` scheduler; ``None``
+            or ``""``: the anonymous tenant).
         tenant_param: the field errors about the tenant name (``user``, the
             ``X-Tenant-Id`` header, ``tenant``).
         slo_ttft_s: time-to-first-token target, seconds (``slo`` scheduler;
@@ -187,7 +187,7 @@ class Frontend:
             if not salt:
                 raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
             check_text(salt, "cache_salt")
-        check_tenant(options.tenant, options.tenant_param)
+        tenant = wire_tenant(options.tenant, options.tenant_param)
         for name in ("slo_ttft_s", "slo_itl_s"):
             try:
                 check_slo_target(getattr(options, name), name)
@@ -213,7 +213,7 @@ class Frontend:
             gen = Generation(
                 self.client, self.tokenizer, f"{options.request_id_prefix}-{uuid.uuid4().hex}",
                 ids, params, options.priority, options.cache_salt, time.time(), self.metrics,
-                reservation, options.tenant, (options.slo_ttft_s, options.slo_itl_s),
+                reservation, tenant, (options.slo_ttft_s, options.slo_itl_s),
             )  # fmt: skip
         except BaseException:
             reservation.release()

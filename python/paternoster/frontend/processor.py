@@ -141,8 +141,9 @@ class InputProcessor:
             ``(prompt text, token ids)``.
         Raises:
             InvalidRequestError: no messages, a message without content whose
-                role needs it, text that is not valid Unicode, or a template
-                error (naming the field at fault).
+                role needs it (naming ``messages[i].content``, as OpenAI),
+                text that is not valid Unicode, or a template error (naming
+                the field at fault).
         """
         if not chat.messages:
             raise InvalidRequestError("messages must not be empty", "messages")
@@ -151,7 +152,8 @@ class InputProcessor:
             check_text(role or "", "messages")
             if content is None and role in _CONTENT_REQUIRED:
                 raise InvalidRequestError(
-                    f"messages[{i}]: a '{role}' message must have content", "messages"
+                    f"messages[{i}].content is missing: a '{role}' message must have content",
+                    f"messages[{i}].content",
                 )
             check_text(content or "", "messages")
         converted = [{**m, "content": m.get("content") or ""} for m in chat.messages]
@@ -270,9 +272,16 @@ def check_text(text: str, param: str) -> None:
 
 
 def check_tenant(tenant: object, param: str) -> str | None:
-    """A request's tenant, validated: ``None`` (the anonymous tenant) or a
-    non-empty string of at most :data:`MAX_TENANT_LENGTH` characters that is
-    valid Unicode.
+    """A tenant name, validated: ``None`` (the anonymous tenant) or a
+    non-empty string of at most :data:`MAX_TENANT_LENGTH` printable
+    characters that neither begins nor ends with a space.
+
+    *Printable* is :meth:`str.isprintable`: no control characters (C0, DEL,
+    C1), format characters (zero-width, bidirectional marks), surrogates,
+    private-use or unassigned code points, and no separator but the ASCII
+    space. A name is a ``tenant`` label in ``/metrics`` and a key in logs and
+    the ``fair`` scheduler, so whatever could corrupt or disguise those is
+    refused, not cleaned (the error gives the code point, never the character).
 
     Args:
         tenant: the value given.
@@ -291,8 +300,27 @@ def check_tenant(tenant: object, param: str) -> str | None:
         raise InvalidRequestError(
             f"{param} must be at most {MAX_TENANT_LENGTH} characters, got {len(tenant)}", param
         )
-    check_text(tenant, param)
+    if not tenant.isprintable():
+        at, c = next((i, c) for i, c in enumerate(tenant) if not c.isprintable())
+        raise InvalidRequestError(
+            f"{param} must hold printable characters only, got U+{ord(c):04X} at "
+            f"position {at}", param,
+        )  # fmt: skip
+    if tenant[0] == " " or tenant[-1] == " ":
+        raise InvalidRequestError(f"{param} must not begin or end with a space", param)
     return tenant
+
+
+def wire_tenant(tenant: str | None, param: str) -> str | None:
+    """The tenant of a served request (HTTP ``user`` / ``X-Tenant-Id``, the
+    ZeroMQ ``tenant`` field): an empty string is no tenant, the anonymous one
+    (OpenAI accepts ``user: ""``), so both transports read it alike; any other
+    name must pass :func:`check_tenant`.
+
+    Raises:
+        InvalidRequestError: as :func:`check_tenant`, naming ``param``.
+    """
+    return check_tenant(tenant or None, param)
 
 
 def param_of(error: ValueError) -> str | None:

@@ -33,9 +33,11 @@ def chat_input(body: Any, messages: list[ChatMessage],
 
     Raises:
         APIError: 400 for a content part that is not text or has no text, an
-            empty list of parts, tool-call arguments that are not a JSON
-            object, two tools of the same name, or a ``chat_template`` the
-            server does not trust.
+            empty list of parts, a ``tool`` message without ``tool_call_id``
+            (each naming the field's path, e.g. ``messages[2].tool_call_id``,
+            as OpenAI does), tool-call arguments that are not a JSON object,
+            two tools of the same name, or a ``chat_template`` the server does
+            not trust.
     """
     if body.chat_template is not None and not trust_request_template:
         raise bad_request("chat_template in a request is refused: the server runs it as code; "
@@ -78,6 +80,10 @@ def tools_for_template(tools: list[ChatTool] | None) -> list[dict[str, Any]] | N
 
 
 def _message(i: int, m: ChatMessage) -> dict[str, Any]:
+    if m.role == "tool" and m.tool_call_id is None:
+        where = f"messages[{i}].tool_call_id"
+        raise bad_request(f"{where} is missing: a 'tool' message must name the tool call "
+                          "it answers", where)  # fmt: skip
     out: dict[str, Any] = {"role": m.role, "content": _content(i, m.content)}
     if m.name is not None:
         out["name"] = m.name
@@ -93,17 +99,22 @@ def _message(i: int, m: ChatMessage) -> dict[str, Any]:
 
 
 def _content(i: int, content: Any) -> str | None:
-    """Text parts joined (400 for any other part, a part without text, no parts)."""
+    """Text parts joined (400 for any other part, a part without text, no
+    parts), each error naming the field's path as OpenAI does
+    (``messages[1].content``, ``messages[1].content[0].text``)."""
     if not isinstance(content, list):
         return content
-    if any(p.type != "text" for p in content):
-        raise bad_request("only text content parts are supported", "messages")
+    where = f"messages[{i}].content"
     if not content:
-        raise bad_request(f"messages[{i}].content must not be an empty list", "messages")
-    missing = [j for j, p in enumerate(content) if p.text is None]
-    if missing:
-        raise bad_request(f"messages[{i}].content[{missing[0]}] is a text part without text",
-                          "messages")  # fmt: skip
+        raise bad_request(f"{where} must not be an empty list: send at least one part, "
+                          "or a string", where)  # fmt: skip
+    for j, p in enumerate(content):
+        if p.type != "text":
+            raise bad_request(f"{where}[{j}].type must be 'text' (only text content parts "
+                              f"are supported), got {p.type!r}", f"{where}[{j}].type")  # fmt: skip
+        if p.text is None:
+            raise bad_request(f"{where}[{j}].text is missing: a text part must carry text",
+                              f"{where}[{j}].text")  # fmt: skip
     return "".join(p.text for p in content)
 
 

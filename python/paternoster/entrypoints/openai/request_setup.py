@@ -23,10 +23,11 @@ def request_tenant(user: str | None, headers: Mapping[str, str]) -> tuple[str | 
     """The tenant an HTTP request is served for, and the field it came from.
 
     A non-empty :data:`TENANT_HEADER` header wins over the body's ``user``; an
-    empty header or ``user`` counts as absent; neither gives ``None``, the one
-    anonymous tenant. The name is validated by the request pipeline
-    (:func:`~paternoster.frontend.processor.check_tenant`: at most 256
-    characters, else a 400 naming the field).
+    empty header or ``user`` counts as absent (as an empty ZeroMQ ``tenant``);
+    neither gives ``None``, the one anonymous tenant. The name is validated by
+    the request pipeline (:func:`~paternoster.frontend.processor.check_tenant`:
+    1 to 256 printable characters, no space at either end, else a 400 naming
+    the field).
 
     Args:
         user: the body's OpenAI ``user`` field.

@@ -52,8 +52,35 @@ _PARAM_NAMES = {
 
 
 def responses_param(chat_param: str | None) -> str | None:
-    """The Responses request field that a chat completions field came from."""
+    """The Responses request field that a chat completions field came from (a
+    path inside one chat message, ``messages[2].content``, is ``input``: chat
+    messages and input items are not numbered alike)."""
+    if chat_param and chat_param.startswith("messages["):
+        return "input"
     return _PARAM_NAMES.get(chat_param, chat_param) if chat_param else chat_param
+
+
+def check_input(body: ResponsesRequest) -> None:
+    """Refuse an input item whose content is an empty list of parts (a
+    ``message``'s ``content``, a ``function_call_output``'s ``output``), as
+    chat completions refuses ``content: []``.
+
+    Raises:
+        APIError: 400 naming the item's field, e.g. ``input[1].content``.
+    """
+    if isinstance(body.input, str):
+        return
+    for i, item in enumerate(body.input):
+        if isinstance(item, InputMessage):
+            field, value = "content", item.content
+        elif isinstance(item, FunctionCallOutputItem):
+            field, value = "output", item.output
+        else:
+            continue
+        if isinstance(value, list) and not value:
+            where = f"input[{i}].{field}"
+            raise bad_request(f"{where} must not be an empty list: send at least one part, "
+                              "or a string", where)  # fmt: skip
 
 
 # ---------------------------------------------------------------- requests
@@ -211,8 +238,10 @@ def _chat_body(body: ResponsesRequest) -> ChatCompletionRequest:
     """The validated chat request of ``body``.
 
     Raises:
-        APIError: 400 naming the Responses field when the chat model refuses it.
+        APIError: 400 naming the Responses field when the chat model refuses
+            it, or an input item with an empty list of parts (:func:`check_input`).
     """
+    check_input(body)
     try:
         return ChatCompletionRequest.model_validate(to_chat_request(body))
     except ValidationError as e:
