@@ -105,8 +105,11 @@ def test_killing_one_actor_fails_its_request_fast_and_the_other_serves(fake_ray_
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    stats = srv.wait_for(lambda s: [e["num_in_flight"] for e in s["engines"]] == [1, 1],
-                         timeout=30, what="one request on each engine")  # fmt: skip
+    # Both have had output (none waits): a request that had none would be
+    # re-routed to the other engine instead of failing.
+    stats = srv.wait_for(lambda s: [e["num_in_flight"] for e in s["engines"]] == [1, 1]
+                         and s["num_waiting"] == 0, timeout=30,
+                         what="one request streaming on each engine")  # fmt: skip
     victim = stats["engines"][1]
     killed_at = time.monotonic()
     ray.kill(ray.get_actor(victim["ray_actor"], namespace=NAMESPACE), no_restart=True)
@@ -154,8 +157,11 @@ def test_losing_a_node_fails_its_engines_request_and_the_other_serves(cluster, f
         threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
         for t in threads:
             t.start()
-        srv.wait_for(lambda s: [e["num_in_flight"] for e in s["engines"]] == [1, 1],
-                     timeout=30, what="one request on each engine")  # fmt: skip
+        # Both have had output (none waits): a request that had none would be
+        # re-routed to the other engine instead of failing.
+        srv.wait_for(lambda s: [e["num_in_flight"] for e in s["engines"]] == [1, 1]
+                     and s["num_waiting"] == 0, timeout=30,
+                     what="one request streaming on each engine")  # fmt: skip
         lost_at = time.monotonic()
         cluster.remove_node(worker, allow_graceful=False)
         for t in threads:

@@ -2,8 +2,9 @@
 frontend. With the real default model: greedy outputs equal a single-engine
 server's, both engines serve, a shared long prefix stays on one engine and
 hits its prefix cache, /metrics and /health show each engine. With the fake
-engine: killing one engine fails only its own in-flight request, the other
-keeps serving, and --restart-engine brings it back.
+engine: killing one engine fails only its own in-flight request that had
+output, the other keeps serving, and --restart-engine brings it back; a
+request that had no output yet finishes on the other engine instead.
 
 The suite sets PATERNOSTER_NUM_THREADS=1 (tests/conftest.py): each engine runs
 one thread, pinned to a core of its own when the machine has two.
@@ -125,8 +126,11 @@ def test_one_engine_dying_fails_only_its_requests_and_it_comes_back(fake_dp_serv
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    stats = srv.wait_for(lambda s: [e["num_in_flight"] for e in s["engines"]] == [1, 1],
-                         timeout=30, what="one request on each engine")  # fmt: skip
+    # Both have had output (none waits): a request that had none would be
+    # re-routed to the other engine instead of failing.
+    stats = srv.wait_for(lambda s: [e["num_in_flight"] for e in s["engines"]] == [1, 1]
+                         and s["num_waiting"] == 0, timeout=30,
+                         what="one request streaming on each engine")  # fmt: skip
     victim = stats["engines"][1]
     running = "paternoster:num_requests_running"
     srv.wait_for(lambda s: value(scrape(srv.url), running, engine="1") == 1, timeout=30,
@@ -145,6 +149,7 @@ def test_one_engine_dying_fails_only_its_requests_and_it_comes_back(fake_dp_serv
         t.join(60)
     codes = sorted(r.status_code for r in results.values())
     assert codes == [200, 503]  # the survivor's request finished, the victim's failed
+    assert srv.get("/stats").json()["router"]["rerouted"] == 0  # it had output: not moved
     failed = next(r for r in results.values() if r.status_code == 503)
     assert "engine" in failed.json()["error"]["message"]
     done = next(r for r in results.values() if r.status_code == 200)
@@ -169,3 +174,33 @@ def test_one_engine_dying_fails_only_its_requests_and_it_comes_back(fake_dp_serv
     for t in threads:
         t.join(60)
     assert [r.status_code for r in results.values()] == [200, 200]
+
+
+def test_a_request_whose_engine_dies_before_output_is_served_by_the_other(fake_dp_server):
+    srv = fake_dp_server
+    engines = srv.wait_for(lambda s: all(e["alive"] for e in s["engines"]), timeout=60,
+                           what="both engines up")["engines"]  # fmt: skip
+    before = srv.get("/stats").json()["router"]["rerouted"]
+    victim = engines[1]["engine_pid"]
+    os.kill(victim, signal.SIGSTOP)  # takes its request and never answers
+    results: dict[int, httpx.Response] = {}
+
+    def run(i: int) -> None:
+        body = {"prompt": [400 + i, 7], "max_tokens": 50, "ignore_eos": True}
+        results[i] = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        srv.wait_for(lambda s: s["engines"][1]["num_in_flight"] == 1, timeout=30,
+                     what="a request on the stopped engine")  # fmt: skip
+    finally:
+        os.kill(victim, signal.SIGKILL)
+    for t in threads:
+        t.join(60)
+    # Both succeed, in full: the stranded one was sent to engine 0 once.
+    assert [r.status_code for r in results.values()] == [200, 200]
+    assert all(r.json()["usage"]["completion_tokens"] == 50 for r in results.values())
+    assert srv.get("/stats").json()["router"]["rerouted"] == before + 1
+    srv.wait_for(lambda s: s["engines"][1]["alive"], timeout=60, what="engine 1 restarted")

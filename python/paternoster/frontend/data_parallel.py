@@ -7,9 +7,13 @@ one engine process with its own KV cache and its own cores or GPU
 where the :class:`~.router.Router` sends it (prefix-cache affinity, then the
 least loaded engine); its outputs, aborts and failures stay with that engine,
 so one engine dying fails only its own in-flight requests while the others
-keep serving. The waiting-queue limits (``--max-waiting-requests``,
-``--max-waiting-tokens``) hold for the server as a whole: every engine client
-shares one :class:`Admission`.
+keep serving. Of those, only the ones that already had output fail: a
+request whose engine dies before its first output (queued there, in
+prefill, or sent in the moment before the death was seen) is sent once more,
+to a live engine the router picks, and its caller sees one stream. The
+waiting-queue limits (``--max-waiting-requests``, ``--max-waiting-tokens``)
+hold for the server as a whole: every engine client shares one
+:class:`Admission`.
 
 With one engine it is a thin wrapper: no hashing, no routing.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
@@ -35,6 +40,8 @@ from paternoster.frontend.router import (
     Router,
     prefix_block_hashes,
 )
+
+logger = logging.getLogger("paternoster.frontend")
 
 #: Engine stats summed over engines in the aggregate ``/stats``; the usage
 #: fractions are averaged.
@@ -69,6 +76,8 @@ class DataParallelClient(AdmissionCounts):
         self.router = router
         self.admission = clients[0].admission
         self._owner: dict[str, int] = {}  # in-flight request id -> engine index
+        self._aborted: set[str] = set()  # in-flight ids the caller aborted: never re-routed
+        self.num_rerouted = 0  # requests sent again after their engine died before output
         self._restarts = [0] * len(clients)  # num_restarts the router has seen
         self._refusing: str | None = None
         self.launcher = launcher
@@ -289,11 +298,14 @@ class DataParallelClient(AdmissionCounts):
         return EngineLoad(available=c.is_alive, num_requests=max(c.num_in_flight, reported),
                           kv_cache_usage=float(stats.get("kv_cache_usage", 0.0)))  # fmt: skip
 
-    def route(self, request: EngineCoreRequest) -> int:
+    def route(self, request: EngineCoreRequest, exclude: int | None = None) -> int:
         """The engine index for ``request`` (:class:`Router`).
 
+        Args:
+            request: the request to place.
+            exclude: an engine not to choose (the one it just failed on).
         Raises:
-            EngineDeadError: no engine takes new requests.
+            EngineDeadError: no engine (but ``exclude``) takes new requests.
         """
         if len(self.engines) == 1:
             return 0
@@ -305,6 +317,8 @@ class DataParallelClient(AdmissionCounts):
         hashes = (prefix_block_hashes(request.prompt_token_ids, block_size, request.cache_salt)
                   if block_size > 0 else [])  # fmt: skip
         loads = [self.load(i) for i in range(len(self.engines))]
+        if exclude is not None:
+            loads[exclude] = dataclasses.replace(loads[exclude], available=False)
         try:
             return self.router.route(hashes, loads)
         except NoEngineAvailableError:
@@ -316,9 +330,16 @@ class DataParallelClient(AdmissionCounts):
         """Route a request to one engine and yield its outputs
         (:meth:`EngineClient.generate`, whose errors it raises).
 
+        If that engine dies before the request's first output, the request
+        is sent once more, to another live engine (:meth:`reroute`), and its
+        outputs come from there: the caller sees one stream. Its waiting
+        entry moves with it (its share of ``reservation`` was taken by the
+        first send), and :meth:`abort` reaches the engine it runs on.
+
         Raises:
-            EngineDeadError: no engine takes new requests, or the chosen one
-                died (only its requests fail).
+            EngineDeadError: no engine takes new requests; or its engine died
+                after its first output, or before it with no other engine
+                live, or for the second time (only that engine's requests fail).
             ValueError: the id is already in flight.
         """
         if self._refusing is not None:
@@ -329,12 +350,50 @@ class DataParallelClient(AdmissionCounts):
         engine = self.route(request)
         self._owner[rid] = engine
         try:
-            outputs = self.engines[engine].generate(request, reservation)
-            async with contextlib.aclosing(outputs):
-                async for out in outputs:
-                    yield out
+            for attempt in range(2):
+                client = self.engines[engine]
+                restarts, started = client.num_restarts, False
+                try:
+                    outputs = client.generate(request, reservation if attempt == 0 else None)
+                    async with contextlib.aclosing(outputs):
+                        async for out in outputs:
+                            started = True
+                            yield out
+                    return
+                except EngineDeadError as e:
+                    if started or attempt or not self._died(engine, restarts, rid):
+                        raise
+                    engine = self.reroute(request, engine, e)
+                    self._owner[rid] = engine
         finally:
             self._owner.pop(rid, None)
+            self._aborted.discard(rid)
+
+    def _died(self, engine: int, restarts: int, request_id: str) -> bool:
+        """True when a request's :class:`EngineDeadError` on ``engine`` came from
+        the engine dying (it is dead, or was restarted since ``restarts``), not
+        from a shutdown, :meth:`fail_in_flight` or the caller's abort."""
+        c = self.engines[engine]
+        return (self._refusing is None and request_id not in self._aborted
+                and (c.dead_reason is not None or c.num_restarts != restarts))  # fmt: skip
+
+    def reroute(self, request: EngineCoreRequest, dead: int, error: EngineDeadError) -> int:
+        """The live engine a request that had no output goes to after engine
+        ``dead`` died (:meth:`route` without it).
+
+        Raises:
+            EngineDeadError: ``error``, when no other engine takes new requests.
+        """
+        if len(self.engines) == 1:
+            raise error
+        try:
+            engine = self.route(request, exclude=dead)
+        except EngineDeadError:
+            raise error from None
+        self.num_rerouted += 1
+        logger.info("request %s re-routed from engine %d to engine %d before any output: %s",
+                    request.request_id, dead, engine, error)  # fmt: skip
+        return engine
 
     def engine_of(self, request_id: str) -> int | None:
         """The engine an in-flight request runs on, or ``None``."""
@@ -347,6 +406,7 @@ class DataParallelClient(AdmissionCounts):
         for rid in map(str, request_ids):
             engine = self._owner.get(rid)
             if engine is not None:
+                self._aborted.add(rid)
                 by_engine.setdefault(engine, []).append(rid)
         for engine, ids in by_engine.items():
             self.engines[engine].abort(ids)

@@ -50,7 +50,8 @@ def admin_router(client: DataParallelClient, metrics: ServerMetrics) -> APIRoute
         ``outputs`` message (sent after every step) or heartbeat (every 0.5 s),
         whichever is newer, added up in ``engine``; plus engine 0's pid and
         thread count, and in ``engines`` each engine's state, pid, threads
-        and stats; ``router`` counts requests routed by prefix affinity and by load."""
+        and stats; ``router`` counts requests routed by prefix affinity and by load, and
+        those sent again because their engine died before their first output."""
         return JSONResponse(
             {
                 "alive": client.is_alive,
@@ -69,7 +70,8 @@ def admin_router(client: DataParallelClient, metrics: ServerMetrics) -> APIRoute
                 "router": {"policy": client.router.policy,
                            "affinity": client.router.num_affinity_routed,
                            "load": client.router.num_load_routed,
-                           "round_robin": client.router.num_round_robin_routed},
+                           "round_robin": client.router.num_round_robin_routed,
+                           "rerouted": client.num_rerouted},
             }
         )
 
