@@ -5,9 +5,12 @@ Run as ``python -m paternoster.engine.process --input ADDR --output ADDR
 does this). The frontend binds both sockets; this process connects.
 
 Protocol: the typed messages of :mod:`paternoster.engine.messages` (``ToEngine``
-in, ``FromEngine`` out; docs/protocol.md, "Engine link"). ``Config`` comes
-first; when ``PATERNOSTER_ENGINE_TOKEN`` is set, a ``Config`` whose token
-differs is dropped. Then ``Ready`` (or ``StartupError`` and exit 1); one
+in, ``FromEngine`` out; docs/protocol.md, "Engine link"). Over ``tcp://``
+every socket is a CURVE client with the keys the frontend made for this engine
+(:mod:`paternoster.engine.curve`; a local child reads them from
+``PATERNOSTER_ENGINE_CURVE_KEYS``); a tcp address without keys is refused.
+``Config`` comes first; when ``PATERNOSTER_ENGINE_TOKEN`` is set, a ``Config``
+whose token differs is dropped. Then ``Ready`` (or ``StartupError`` and exit 1); one
 ``Outputs`` per step that produced outputs or ran a forward pass (plus the
 final outputs of aborted or rejected requests), carrying the stats snapshot
 taken just before it is sent (about 2 µs a step); a ``Heartbeat`` every
@@ -40,6 +43,7 @@ import zmq
 
 from paternoster.engine.codec import CodecError, MessageCodec, PullQueue, PushQueue
 from paternoster.engine.cpu_threads import ThreadChoice, apply_threads, resolve_threads
+from paternoster.engine.curve import CURVE_KEYS_ENV, EngineKeys, is_tcp, require_curve
 from paternoster.engine.engine_loop import DEFAULT_HEARTBEAT_INTERVAL, EngineLoop
 from paternoster.engine.messages import (
     Config,
@@ -105,6 +109,7 @@ def run_engine(
     engine_cls: str = DEFAULT_ENGINE_CLS,
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     token: str | None = None,
+    keys: EngineKeys | None = None,
 ) -> int:
     """Connect, receive the config, build the engine, and serve until shutdown.
 
@@ -116,12 +121,29 @@ def run_engine(
         heartbeat_interval: seconds between heartbeats.
         token: the handshake token; ``None``: ``PATERNOSTER_ENGINE_TOKEN``
             (a local child), unset meaning none.
+        keys: the CURVE keys of a ``tcp://`` link; ``None``:
+            ``PATERNOSTER_ENGINE_CURVE_KEYS`` (a local child), unset meaning
+            none. Ignored for ``ipc://``.
     Returns:
-        Process exit code: 0 on clean shutdown, 1 on a startup or step failure.
+        Process exit code: 0 on clean shutdown, 1 on a startup or step failure
+        (a tcp link without CURVE keys, or without CURVE in this libzmq,
+        included: never plain text over tcp).
     """
+    try:
+        keys = _link_keys(input_addr, output_addr, keys)
+    except ValueError as e:
+        logger.error("engine failed to start: %s", e)
+        return 1
     ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    push = ctx.socket(zmq.PUSH)
+
+    def socket(kind: int) -> zmq.Socket:
+        sock = ctx.socket(kind)
+        if keys is not None:
+            keys.apply(sock)
+        return sock
+
+    pull = socket(zmq.PULL)
+    push = socket(zmq.PUSH)
     pull.connect(input_addr)
     push.connect(output_addr)
     push.setsockopt(zmq.LINGER, 2000)
@@ -149,7 +171,7 @@ def run_engine(
         outputs.put(Ready(info=dict(engine.info), token=token or ""))
         logger.info("engine ready (pid %d): %s", os.getpid(), engine.info)
         def beat_queue() -> PushQueue:
-            sock = ctx.socket(zmq.PUSH)
+            sock = socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDTIMEO, 1000)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(output_addr)
@@ -174,6 +196,26 @@ def run_engine(
         ctx.term()
         if _orphaned(parent_pid):
             _remove_ipc_dir(input_addr)
+
+
+def _link_keys(input_addr: str, output_addr: str,
+               keys: EngineKeys | None) -> EngineKeys | None:  # fmt: skip
+    """The CURVE keys for these addresses: ``keys`` (else the environment's)
+    for ``tcp://``, ``None`` for ``ipc://``.
+
+    Raises:
+        ValueError: a tcp address without keys, unreadable keys, or no CURVE
+            in this libzmq.
+    """
+    if not (is_tcp(input_addr) or is_tcp(output_addr)):
+        return None
+    require_curve()
+    if keys is None and os.environ.get(CURVE_KEYS_ENV):
+        keys = EngineKeys.from_env(os.environ[CURVE_KEYS_ENV])
+    if keys is None:
+        raise ValueError("a tcp engine link needs the CURVE keys the frontend made for this "
+                         f"engine ({CURVE_KEYS_ENV}); refusing to connect in plain text")
+    return keys
 
 
 def _configure_threads(config: EngineConfig) -> EngineConfig:

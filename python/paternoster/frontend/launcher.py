@@ -10,7 +10,10 @@ same messages over the same link; only the transport differs:
   ``ipc://`` sockets in a private temp dir.
 - :class:`~paternoster.frontend.ray_executor.RayLauncher` (``ray``): a Ray
   actor placed in a placement-group bundle, linked over ``tcp://`` to the
-  frontend's node IP.
+  frontend's node IP, with ZeroMQ CURVE (:mod:`paternoster.engine.curve`).
+
+A launcher hands the engine its secrets, the handshake token and, for a tcp
+link, its CURVE keys, on the channel that starts it, never on a command line.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
+from paternoster.engine.curve import CURVE_KEYS_ENV, EngineKeys
 from paternoster.engine.process import TOKEN_ENV
 
 
@@ -54,7 +58,7 @@ class EngineLauncher(Protocol):
 
     def launch(self, index: int, input_address: str, output_address: str, token: str,
                engine_cls: str, heartbeat_interval: float, log_level: str,
-               env: dict[str, str]) -> EngineHandle:  # fmt: skip
+               env: dict[str, str], keys: EngineKeys | None = None) -> EngineHandle:  # fmt: skip
         """Start engine ``index`` connecting to the two link addresses.
 
         Args:
@@ -66,6 +70,8 @@ class EngineLauncher(Protocol):
             heartbeat_interval: seconds between heartbeats.
             log_level: the engine's log level.
             env: environment variables for the engine only.
+            keys: the engine's CURVE keys for a tcp link (never on a
+                command line); ``None`` for ``ipc://``.
         """
 
 
@@ -111,9 +117,10 @@ class LocalLauncher:
 
     def launch(self, index: int, input_address: str, output_address: str, token: str,
                engine_cls: str, heartbeat_interval: float, log_level: str,
-               env: dict[str, str]) -> LocalProcess:  # fmt: skip
+               env: dict[str, str], keys: EngineKeys | None = None) -> LocalProcess:  # fmt: skip
         """Spawn the child (see :meth:`EngineLauncher.launch`); the token goes in
-        ``PATERNOSTER_ENGINE_TOKEN``."""
+        ``PATERNOSTER_ENGINE_TOKEN``, CURVE keys (a tcp link) in
+        ``PATERNOSTER_ENGINE_CURVE_KEYS``."""
         proc = subprocess.Popen(
             [
                 sys.executable, "-m", "paternoster.engine.process",
@@ -123,16 +130,21 @@ class LocalLauncher:
                 "--heartbeat-interval", str(heartbeat_interval),
                 "--log-level", log_level,
             ],
-            env=child_env(token, env),
+            env=child_env(token, env, keys),
         )  # fmt: skip
         return LocalProcess(proc)
 
 
-def child_env(token: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(token: str, extra: dict[str, str] | None = None,
+              keys: EngineKeys | None = None) -> dict[str, str]:  # fmt: skip
     """Our environment plus ``extra``, with this package importable in the
-    child and the handshake ``token`` in ``PATERNOSTER_ENGINE_TOKEN``."""
+    child, the handshake ``token`` in ``PATERNOSTER_ENGINE_TOKEN`` and the
+    CURVE ``keys``, if any, in ``PATERNOSTER_ENGINE_CURVE_KEYS``."""
     env = {**os.environ, **(extra or {})}
     env[TOKEN_ENV] = token
+    env.pop(CURVE_KEYS_ENV, None)  # never a key inherited from our own environment
+    if keys is not None:
+        env[CURVE_KEYS_ENV] = keys.to_env()
     root = str(Path(__file__).resolve().parents[2])  # the dir holding paternoster/
     parts = [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))

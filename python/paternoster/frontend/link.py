@@ -2,7 +2,8 @@
 
 Two sockets, ``ipc://`` in a private temp dir (a local engine process) or
 ``tcp://`` on one of this node's IP addresses (a Ray actor on another node,
-same messages): a PUSH the frontend sends
+same messages; encrypted with ZeroMQ CURVE and open only to the engine given
+:attr:`EngineLink.engine_keys`, see :mod:`paternoster.engine.curve`): a PUSH the frontend sends
 :data:`~paternoster.engine.messages.ToEngine` messages on and a PULL it
 receives :data:`~paternoster.engine.messages.FromEngine` messages from (the
 engine process connects to both). A message is encoded when it is sent
@@ -33,6 +34,7 @@ from paternoster.engine.codec import (
     CodecError,
     MessageCodec,
 )
+from paternoster.engine.curve import EngineKeys, LinkKeys
 from paternoster.engine.messages import FromEngine, ToEngine
 
 logger = logging.getLogger("paternoster.frontend")
@@ -51,15 +53,23 @@ class EngineLink:
         self.input_address = self.output_address = ""
         self.last_seen = 0.0  # time.monotonic() of the latest message from the engine
         self._ctx: zmq.asyncio.Context | None = None
+        self._keys: LinkKeys | None = None  # tcp links only
         self._tmpdir: str | None = None
         self._push: AsyncPushQueue | None = None
         self._pull: AsyncPullQueue | None = None
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
 
+    @property
+    def engine_keys(self) -> EngineKeys | None:
+        """What the engine needs to connect to a tcp link (server public key,
+        its own keypair), made by :meth:`bind`; ``None`` for ``ipc://``."""
+        return self._keys.engine if self._keys is not None else None
+
     def bind(self, host: str | None = None) -> tuple[str, str]:
         """Bind both sockets: in a private socket dir, or on ``host``'s tcp
-        ports chosen by the system.
+        ports chosen by the system, as CURVE servers with new keys (only the
+        engine holding :attr:`engine_keys` can connect).
 
         Args:
             host: an IP address of this machine to bind tcp sockets on (the
@@ -69,23 +79,33 @@ class EngineLink:
             inputs from and PUSHes its outputs to.
         Raises:
             zmq.ZMQError: ``host`` is not an address of this machine.
+            ValueError: ``host`` given and this libzmq has no CURVE (a tcp
+                link never runs in plain text).
         """
+        keys = LinkKeys() if host is not None else None  # first: refuse before binding
         self._ctx = zmq.asyncio.Context()
         push = self._ctx.socket(zmq.PUSH)
         pull = self._ctx.socket(zmq.PULL)
         push.setsockopt(zmq.LINGER, 0)
         pull.setsockopt(zmq.LINGER, 0)
-        if host is None:
-            self._tmpdir = tempfile.mkdtemp(prefix="paternoster-")
-            push.bind(f"ipc://{self._tmpdir}/in")
-            pull.bind(f"ipc://{self._tmpdir}/out")
-        else:
-            push.bind(f"tcp://{host}:*")
-            pull.bind(f"tcp://{host}:*")
-        self.input_address = push.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.output_address = pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self._push = AsyncPushQueue(push, MessageCodec(ToEngine))
         self._pull = AsyncPullQueue(pull, MessageCodec(FromEngine))
+        try:
+            if keys is None:
+                self._tmpdir = tempfile.mkdtemp(prefix="paternoster-")
+                push.bind(f"ipc://{self._tmpdir}/in")
+                pull.bind(f"ipc://{self._tmpdir}/out")
+            else:
+                self._keys = keys
+                keys.start(self._ctx)  # the ZAP handler before the sockets bind
+                for sock in (push, pull):
+                    keys.apply(sock)
+                    sock.bind(f"tcp://{host}:*")
+        except BaseException:
+            self._release()
+            raise
+        self.input_address = push.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.output_address = pull.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.input_address, self.output_address
 
     def send(self, msg: msgspec.Struct) -> None:
@@ -137,6 +157,17 @@ class EngineLink:
             with contextlib.suppress(BaseException):
                 await t
         self._tasks = []
+        self._release()
+
+    def _release(self) -> None:
+        """Close the sockets, then stop the ZAP handler (in that order: no
+        connection is ever let in unchecked), end the context, remove the dir."""
+        for queue in (self._push, self._pull):
+            if queue is not None:
+                queue.socket.close(linger=0)
+        if self._keys is not None:
+            self._keys.stop()
+            self._keys = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None

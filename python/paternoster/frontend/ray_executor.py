@@ -14,8 +14,12 @@ Each engine is an actor in its bundle whose ``run`` call is the engine main
 loop of :func:`paternoster.engine.process.run_engine`, in the actor's own
 process on the node Ray chose. It connects back over ``tcp://`` to the
 frontend's link bound on the frontend node's IP: the same typed msgpack
-messages as a local engine, the same ``Config``/``Ready`` handshake token
-(given to ``run`` as an argument, over Ray's channel, never on our sockets).
+messages as a local engine, the same ``Config``/``Ready`` handshake token,
+encrypted with ZeroMQ CURVE (:mod:`paternoster.engine.curve`). The token and
+the engine's CURVE keys, made by the frontend for each engine when its link
+binds, are arguments of ``run``: they travel over Ray's own channel, and the
+link admits no client but the holder of those keys. Without CURVE in this
+libzmq the launcher refuses to start (never plain text over tcp).
 
 Liveness: the actor's ``run`` reference resolves when the actor ends, with
 its exit code or with Ray's error when the actor died (``ray.kill``, a
@@ -34,6 +38,8 @@ import os
 import secrets
 import socket
 from typing import Any
+
+from paternoster.engine.curve import EngineKeys, require_curve
 
 logger = logging.getLogger("paternoster.frontend")
 
@@ -102,7 +108,8 @@ class _EngineActor:
                 "node_id": ray.get_runtime_context().get_node_id()}  # fmt: skip
 
     def run(self, input_address: str, output_address: str, token: str, engine_cls: str,
-            heartbeat_interval: float, log_level: str, env: dict[str, str]) -> int:  # fmt: skip
+            heartbeat_interval: float, log_level: str, env: dict[str, str],
+            keys: EngineKeys) -> int:  # fmt: skip
         """Run the engine main loop until shutdown; returns its exit code."""
         from paternoster.engine.process import run_engine
 
@@ -110,7 +117,7 @@ class _EngineActor:
         logging.basicConfig(level=log_level.upper(),
                             format="%(asctime)s %(levelname)s [engine] %(message)s")  # fmt: skip
         return run_engine(input_address, output_address, None, engine_cls,
-                          heartbeat_interval, token)  # fmt: skip
+                          heartbeat_interval, token, keys)  # fmt: skip
 
 
 class RayActorEngine:
@@ -193,7 +200,8 @@ class RayLauncher:
             ``PACK``, ``STRICT_PACK``).
         placement_timeout: seconds to wait for room for every bundle.
     Raises:
-        ValueError: Ray missing, no cluster, or the cluster cannot hold the
+        ValueError: no CURVE in this libzmq (the tcp link would be plain
+            text), Ray missing, no cluster, or the cluster cannot hold the
             bundles (the message says what it needs and what is free).
     """
 
@@ -203,6 +211,7 @@ class RayLauncher:
         if num_engines < 1 or num_cpus < 1 or num_gpus < 0:
             raise ValueError(f"need num_engines >= 1, num_cpus >= 1 and num_gpus >= 0, got "
                              f"{num_engines}, {num_cpus}, {num_gpus}")  # fmt: skip
+        require_curve()  # before anything starts on the cluster
         self._ray = ray = connect(address)
         from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -230,10 +239,18 @@ class RayLauncher:
 
     def launch(self, index: int, input_address: str, output_address: str, token: str,
                engine_cls: str, heartbeat_interval: float, log_level: str,
-               env: dict[str, str]) -> RayActorEngine:  # fmt: skip
+               env: dict[str, str], keys: EngineKeys | None = None) -> RayActorEngine:  # fmt: skip
         """Create engine ``index``'s actor in bundle ``index`` and start its
-        ``run`` call (see :meth:`~.launcher.EngineLauncher.launch`)."""
+        ``run`` call (see :meth:`~.launcher.EngineLauncher.launch`), the token
+        and the CURVE ``keys`` among its arguments.
+
+        Raises:
+            ValueError: no ``keys`` (the tcp link is always CURVE).
+        """
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if keys is None:
+            raise ValueError("a Ray engine's tcp link needs its CURVE keys")
 
         ray = self._ray
         self._generation += 1
@@ -247,7 +264,7 @@ class RayLauncher:
         ).remote()  # fmt: skip
         where_ref = actor.where.remote()
         run_ref = actor.run.remote(input_address, output_address, token, engine_cls,
-                                   heartbeat_interval, log_level, dict(env))  # fmt: skip
+                                   heartbeat_interval, log_level, dict(env), keys)  # fmt: skip
         return RayActorEngine(ray, actor, name, where_ref, run_ref)
 
     def close(self) -> None:

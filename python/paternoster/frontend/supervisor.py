@@ -22,7 +22,9 @@ The config handshake carries a random token (passed to a local child in the
 ``PATERNOSTER_ENGINE_TOKEN`` environment variable, never on the command line;
 to a Ray actor as an argument of its ``run`` call, over Ray's own channel):
 the engine ignores a ``Config`` without it and the frontend a ``Ready``
-without it, so another process cannot pose as either side.
+without it, so another process cannot pose as either side. A tcp link adds
+ZeroMQ CURVE under that (:mod:`paternoster.engine.curve`): the engine's keys
+travel the same way as the token, and a peer without them cannot connect.
 
 Where the engine runs is the :class:`~.launcher.EngineLauncher`'s business:
 a local process (default) or a Ray actor on another node; the watchdog sees
@@ -176,6 +178,7 @@ class EngineSupervisor:
         return self.launcher.launch(
             self.index, self.link.input_address, self.link.output_address, self.token,
             self.engine_cls, self.heartbeat_interval, self.log_level, self.env,
+            keys=self.link.engine_keys,
         )  # fmt: skip
 
     async def stop(self, kill: bool) -> None:
