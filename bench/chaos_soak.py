@@ -15,7 +15,12 @@ one of:
 - **failed**: an error the client can act on: an HTTP error or an SSE error
   event carrying a message (a request whose engine died after its first
   token, as documented);
-- **hung**: no end within ``--request-timeout`` seconds (must be 0);
+- **slow**: no end within ``--request-timeout`` seconds, but tokens were
+  still arriving (within ``--stall`` seconds of the timeout): the server was
+  over its capacity, not stuck;
+- **hung**: no end within ``--request-timeout`` seconds and no token in the
+  last ``--stall`` seconds (must be 0; a request still queued at the timeout
+  counts here, so pick a load the server can serve);
 - **lost**: it ended without a result or a message (a dropped connection, a
   stream cut before its end; must be 0).
 
@@ -70,14 +75,19 @@ MALFORMED: tuple[tuple[str, str, bytes], ...] = (
 )
 
 #: ``fate`` values, in report order.
-FATES = ("completed", "failed", "hung", "lost")
+FATES = ("completed", "failed", "slow", "hung", "lost")
 
 
-def fate(record: RequestRecord, timed_out: bool) -> str:
+def fate(record: RequestRecord, timed_out: bool, timeout: float = math.inf,
+         stall: float = 30.0) -> str:
     """What became of one load request: ``completed``, ``failed`` (an error
-    with a message), ``hung`` (``timed_out``) or ``lost`` (no result and no
-    message: a dropped connection or a stream cut short)."""
+    with a message), ``slow`` (``timed_out`` after ``timeout`` seconds while
+    its last token came less than ``stall`` seconds before), ``hung``
+    (``timed_out`` otherwise) or ``lost`` (no result and no message: a
+    dropped connection or a stream cut short)."""
     if timed_out:
+        if record.ttft is not None and timeout - (record.ttft + sum(record.itl)) < stall:
+            return "slow"
         return "hung"
     if record.success:
         return "completed"
@@ -159,7 +169,7 @@ async def send_load(client: httpx.AsyncClient, url: str, model: str, args, log: 
                                                   "completions", rec), args.request_timeout)
             log.records.append((rec, fate(rec, False)))
         except asyncio.TimeoutError:
-            log.records.append((rec, fate(rec, True)))
+            log.records.append((rec, fate(rec, True, args.request_timeout, args.stall)))
 
     tasks = []
     for i, offset in enumerate(offsets):
@@ -319,7 +329,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--malformed-every", type=float, default=1.0,
                    help="seconds between malformed requests")
     p.add_argument("--request-timeout", type=float, default=180.0,
-                   help="seconds after which a request counts as hung")
+                   help="seconds after which a request counts as slow or hung")
+    p.add_argument("--stall", type=float, default=30.0,
+                   help="a timed-out request is slow, not hung, if its last token "
+                        "came fewer seconds than this before the timeout")
     p.add_argument("--serve-args", default="--num-threads 1",
                    help="more paternoster serve flags (dp 2 and --restart-engine are given)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
@@ -334,7 +347,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 < lo <= hi:
         p.error(f"--kill-every needs 0 < LO <= HI, got {args.kill_every!r}")
     args.kill_every = (lo, hi)
-    for name in ("rate", "duration", "malformed_every", "request_timeout"):
+    for name in ("rate", "duration", "malformed_every", "request_timeout", "stall"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
     if args.kill_window < 0:

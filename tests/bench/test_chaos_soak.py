@@ -128,3 +128,14 @@ def test_bad_options_are_usage_errors_naming_them(argv, message, capsys):
         parse_args(argv)
     assert message in capsys.readouterr().err
 
+
+
+def test_a_timed_out_request_still_receiving_tokens_is_slow_not_hung():
+    """Timed out at 180 s: tokens up to 170 s is a server over capacity; a
+    last token at 100 s (80 s of silence) or none at all is hung."""
+    streaming = RequestRecord(0, None, 4, 4, 0.0, ttft=10.0, itl=[80.0, 80.0])
+    stalled = RequestRecord(0, None, 4, 4, 0.0, ttft=10.0, itl=[90.0])
+    queued = RequestRecord(0, None, 4, 4, 0.0)
+    assert fate(streaming, True, timeout=180.0, stall=30.0) == "slow"
+    assert fate(stalled, True, timeout=180.0, stall=30.0) == "hung"
+    assert fate(queued, True, timeout=180.0, stall=30.0) == "hung"
