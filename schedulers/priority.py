@@ -19,12 +19,13 @@ class PriorityScheduler(Scheduler):
     admitted in rank order; nothing is re-sorted per step.
 
     Preemption cannot ping-pong: when no sequence slot or KV room is free for
-    the head of the heap (:meth:`fits`), a running request is preempted
-    (recompute: blocks freed, generated tokens kept) only if its base
-    ``priority`` is *strictly* worse than the head's *and* it ranks worse
-    than the head now (it has not aged past it); those are preempted worst
-    first (:meth:`select_victim`) until the head fits. Requests of equal base
-    priority never displace each other, whatever they aged.
+    the head of the heap (:meth:`fits`), a running request is displaced
+    (preempted by recompute: blocks freed, generated tokens kept) only if its
+    base ``priority`` is *strictly* worse than the head's and it has not been
+    displaced before; those are displaced worst first (:meth:`select_victim`)
+    until the head fits. Requests of equal base priority never displace each
+    other, whatever they aged, and no request is displaced twice (the
+    hysteresis that bounds preemptions per request).
     When KV blocks run out for running requests the victim is the same: the
     worst base priority, then the worst rank, then the latest arrival (vLLM
     v1's priority victim). Prompts are computed whole.
@@ -33,9 +34,10 @@ class PriorityScheduler(Scheduler):
     one priority level per ``aging_steps`` engine steps waited (by
     ``1 / aging_steps`` each step), so a low-priority request under a stream
     of high-priority ones reaches the head of the queue and runs at the next
-    free slot, and once running it is displaced only by a more urgent request
-    that outranks the rank it ran with; it never preempts a request of its
-    own or better base priority. Every waiting request ages at the same rate, so their order
+    free slot; displaced once by a more urgent request, it is queued again
+    with what it aged, runs at the next free slot, and is not displaced
+    again, so it finishes. It never preempts a request of its own or better
+    base priority. Every waiting request ages at the same rate, so their order
     never changes while they wait and the heap key is fixed when a request is
     queued: ``start rank + step queued`` (a virtual deadline), where the start
     rank is ``priority * aging_steps`` for a new request. A running request
@@ -43,14 +45,14 @@ class PriorityScheduler(Scheduler):
     (its start rank is the rank it was admitted with) and goes on aging.
 
     Bound: admission displaces a running request only for a waiting one of
-    strictly more urgent base priority (that also outranks it), so
-    displacements go strictly down the base priorities and a request is
-    displaced at most
-    once per more urgent request that arrives while it runs, and never by its
-    equals: the ping-pong of equal priorities that aging alone would cause
-    (a waiting request outranks a running one, which is preempted, ages in
-    turn and preempts back) cannot happen. A KV shortage among running
-    requests still preempts, as in every policy.
+    strictly more urgent base priority, and each request at most once, so
+    the ping-pong of equal priorities that aging alone would cause (a
+    waiting request outranks a running one, which is preempted, ages in turn
+    and preempts back) cannot happen. The price: an urgent request finds no
+    victim when every running request of worse priority was displaced
+    before, and waits for a slot. A KV shortage among running requests still
+    preempts (worst base priority first), as in every policy; that does not
+    count as a displacement.
 
     Options (``--scheduler-config``):
         aging_steps: steps of waiting per priority level gained (``0``: no aging).
@@ -76,6 +78,7 @@ class PriorityScheduler(Scheduler):
         self._waiting_since: dict[str, int] = {}
         self._start_rank: dict[str, int] = {}
         self._admitted_rank: dict[str, int] = {}
+        self._displaced: set[str] = set()  # displaced once for an admission: never again
 
     # ------------------------------------------------------------- ordering
 
@@ -136,6 +139,7 @@ class PriorityScheduler(Scheduler):
         self._waiting_since.pop(rid, None)
         self._start_rank.pop(rid, None)
         self._admitted_rank.pop(rid, None)
+        self._displaced.discard(rid)
 
     # ------------------------------------------------------------- the step
 
@@ -157,20 +161,21 @@ class PriorityScheduler(Scheduler):
         return budget
 
     def make_room(self, head: Request, out: SchedulerOutput) -> int:
-        """Preempt running requests whose base priority is strictly worse than
-        ``head``'s and whose rank is worse than ``head``'s rank now
+        """Displace running requests whose base priority is strictly worse
+        than ``head``'s and that were not displaced before
         (:meth:`select_victim` order) until ``head`` :meth:`fits`; requests of
-        ``head``'s priority or better, and those that aged past it, are never
-        displaced.
+        ``head``'s priority or better are never displaced.
 
         Returns:
             The tokens the victims give back to this step's budget.
         """
         freed = 0
-        priority, rank = head.priority, self.rank(head)
         while not self.fits(head):
-            worse = [r for r in self.running if r.priority > priority and self.rank(r) > rank]
+            worse = [r for r in self.running
+                     if r.priority > head.priority and r.request_id not in self._displaced]
             if not worse:
                 break
-            freed += self.preempt(self.select_victim(worse), out)
+            victim = self.select_victim(worse)
+            self._displaced.add(victim.request_id)
+            freed += self.preempt(victim, out)
         return freed

@@ -268,20 +268,43 @@ def test_a_preempted_request_keeps_what_it_aged():
     assert s.running == [low] and low.num_preemptions == 1
 
 
-def test_an_aged_running_request_is_not_displaced_by_a_fresh_urgent_one():
-    """``low`` aged past priority 0 before it ran: a priority-0 arrival waits
-    for it rather than preempting it, until the newcomer has aged past it."""
+def test_an_urgent_arrival_displaces_running_requests_that_aged_while_queued():
+    """Trial finding (issue 37): with displacement gated on rank, requests
+    that queued ~6 s before they ran held off a priority-0 arrival for 3.6 s.
+    Aging orders the queue; it does not shield a running request."""
     s = create_scheduler("priority", max_num_seqs=1, aging_steps=2)
-    blocker, low, fresh = create_requests(3, max_tokens=8)
+    blocker, low, urgent = create_requests(3, max_tokens=8)
     s.add_request(_with_priority(blocker, -10, "blocker"))
     s.add_request(_with_priority(low, 1, "low"))
     while not blocker.is_finished:
         run_step(s)
     run_step(s)
-    assert s.running == [low] and s.rank(low) < 0
-    s.add_request(_with_priority(fresh, 0, "fresh"))
+    assert s.running == [low] and s.rank(low) < 0  # aged past priority 0
+    s.add_request(_with_priority(urgent, 0, "urgent"))
+    plan, _ = run_step(s)
+    assert plan.preempted == [low] and s.running == [urgent]
+
+
+def test_a_request_is_displaced_at_most_once():
+    """``low`` is displaced by a first urgent request; back in a slot, a
+    second urgent one waits for it instead of displacing it again."""
+    s = create_scheduler("priority", max_num_seqs=1, aging_steps=0)
+    low, urgent1, urgent2 = create_requests(3, max_tokens=6)
+    s.add_request(_with_priority(low, 5, "low"))
     run_step(s)
-    assert s.running == [low] and s.num_preemptions_total == 0
+    s.add_request(_with_priority(urgent1, 0, "urgent1"))
+    plan, _ = run_step(s)
+    assert plan.preempted == [low]
+    while not urgent1.is_finished:
+        run_step(s)
+    run_step(s)
+    assert s.running == [low]
+    s.add_request(_with_priority(urgent2, 0, "urgent2"))
+    while s.has_unfinished_requests():
+        plan, _ = run_step(s)
+        assert not plan.preempted
+    assert low.num_preemptions == 1 and s.num_preemptions_total == 1
+    assert urgent2.is_finished and len(low.output_token_ids) == 6
 
 
 @settings(max_examples=40, deadline=None)
@@ -292,8 +315,8 @@ def test_an_aged_running_request_is_not_displaced_by_a_fresh_urgent_one():
 )
 def test_only_a_strictly_more_urgent_admission_preempts(arrivals, max_num_seqs, aging_steps):
     """With KV to spare, every preemption makes room for a request admitted
-    in the same step whose base priority is strictly more urgent, and no
-    request is ever preempted by one of its own priority."""
+    in the same step whose base priority is strictly more urgent (never one
+    of its own priority), and no request is preempted twice."""
     s = create_scheduler("priority", max_num_seqs=max_num_seqs, num_blocks=256,
                          aging_steps=aging_steps)
     pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
@@ -308,4 +331,5 @@ def test_only_a_strictly_more_urgent_admission_preempts(arrivals, max_num_seqs, 
         admitted = [r for r in plan.scheduled if id(r) not in before]
         for victim in plan.preempted:
             assert any(a.priority < victim.priority for a in admitted)
+            assert victim.num_preemptions == 1
         assert s.num_steps < 500
