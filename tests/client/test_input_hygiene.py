@@ -74,6 +74,13 @@ def test_a_user_field_with_a_control_character_is_a_400_naming_user(server, path
     assert error["message"] == "user must hold printable characters only, got U+000A at position 1"
 
 
+def test_a_bad_user_is_refused_even_when_the_header_names_the_tenant(server):
+    """The header wins, but a bad ``user`` beside it is refused, not dropped
+    (a trial found ``"user": "a\\u0007"`` served with a good header)."""
+    r = _post(server, "/v1/completions", {**PROMPT, "user": "a\x07"}, {TENANT_HEADER: "good"})
+    assert _error(r, "user")["message"].startswith("user must hold printable characters")
+
+
 def test_zmq_tenant_follows_the_same_rule_with_the_same_message(server):
     http = _error(_post(server, "/v1/completions", {**PROMPT, "user": "a\x07b"}), "user")
     with Client(server.address) as client:

@@ -9,9 +9,12 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from paternoster.entrypoints.openai.errors import APIError
 from paternoster.entrypoints.openai.protocol_outputs import UsageInfo
 from paternoster.entrypoints.openai.sse import event
+from paternoster.frontend.errors import InvalidRequestError
 from paternoster.frontend.generation import Generation
+from paternoster.frontend.processor import wire_tenant
 
 TENANT_HEADER = "X-Tenant-Id"
 """The request header naming the tenant, for clients that cannot set the
@@ -27,16 +30,24 @@ def request_tenant(user: str | None, headers: Mapping[str, str]) -> tuple[str | 
     neither gives ``None``, the one anonymous tenant. The name is validated by
     the request pipeline (:func:`~paternoster.frontend.processor.check_tenant`:
     1 to 256 printable characters, no space at either end, else a 400 naming
-    the field).
+    the field). A ``user`` the header overrides is checked all the same: a
+    bad value is refused, not silently dropped.
 
     Args:
         user: the body's OpenAI ``user`` field.
         headers: the request's headers (case-insensitive lookup, as Starlette's).
     Returns:
         ``(tenant, param)``: the name or ``None``, and ``"user"`` or the header's name.
+    Raises:
+        APIError: 400 naming ``user``, a bad ``user`` beside the header.
     """
     header = headers.get(TENANT_HEADER)
     if header:
+        if user:
+            try:
+                wire_tenant(user, "user")
+            except InvalidRequestError as e:
+                raise APIError(400, str(e), "user") from None
         return header, TENANT_HEADER
     return (user or None), "user"
 
