@@ -117,6 +117,17 @@ def touches(start: float, end: float, windows: list[tuple[float, float]]) -> boo
     return any(start <= w_end and w_start <= end for w_start, w_end in windows)
 
 
+def window_share(windows: list[tuple[float, float]], duration: float) -> float:
+    """The share of ``[0, duration]`` that the union of ``windows`` covers."""
+    covered, reach = 0.0, 0.0
+    for start, end in sorted(windows):
+        start, end = max(start, reach), min(end, duration)
+        if end > start:
+            covered += end - start
+            reach = end
+    return covered / duration if duration > 0 else 0.0
+
+
 def p95s(records: list[RequestRecord]) -> tuple[float, float, int]:
     """``(p95 TTFT s, p95 ITL s, n)`` of completed records (NaN when empty)."""
     ttfts = [r.ttft for r in records if r.ttft is not None]
@@ -268,6 +279,8 @@ def report(log: SoakLog, args) -> str:
     noisy = [r for r in done if touches(r.sent, r.sent + (r.e2e or 0.0), windows)]
 
     def rss(first: bool) -> str:
+        if not log.rss_mib:
+            return "-"
         edge = log.rss_mib[0][0] + 60 if first else log.rss_mib[-1][0] - 60
         pick = [s for s in log.rss_mib if (s[0] <= edge if first else s[0] >= edge)]
         if not pick:
@@ -289,12 +302,16 @@ def report(log: SoakLog, args) -> str:
         ("malformed requests sent", sum(log.malformed.values())),
         ("  answered with a clear 4xx", log.malformed["clear"]),
         ("  answered otherwise", log.malformed["unclear"]),
-        ("RSS frontend / engines, first minute (median)", rss(True)),
-        ("RSS frontend / engines, last minute (median)", rss(False)),
+        ("RSS frontend / engines (sum), first minute (median)", rss(True)),
+        ("RSS frontend / engines (sum), last minute (median)", rss(False)),
         ("p95 TTFT / ITL, outside kill windows", p95_cell(quiet)),
         ("p95 TTFT / ITL, touching a kill window", p95_cell(noisy)),
     ]
     lines = ["| | |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows)]
+    covered = window_share(windows, args.duration)
+    if covered > 0.5:
+        lines += ["", f"Kill windows cover {covered:.0%} of the run: the 'outside' p95s "
+                  "rest on few requests (lengthen --kill-every or shorten --kill-window)."]
     if log.unclear:
         lines += ["", "Malformed requests not answered with a clear 4xx (first 5):",
                   *(f"- {u}" for u in log.unclear[:5])]  # fmt: skip

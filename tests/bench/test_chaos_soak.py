@@ -16,6 +16,7 @@ from paternoster.bench.chaos_soak import (
     parse_args,
     report,
     touches,
+    window_share,
 )
 from paternoster.bench.client import RequestRecord, stream_request
 
@@ -139,3 +140,16 @@ def test_a_timed_out_request_still_receiving_tokens_is_slow_not_hung():
     assert fate(streaming, True, timeout=180.0, stall=30.0) == "slow"
     assert fate(stalled, True, timeout=180.0, stall=30.0) == "hung"
     assert fate(queued, True, timeout=180.0, stall=30.0) == "hung"
+
+
+def test_window_share_is_the_union_of_overlapping_windows():
+    assert window_share([(10.0, 40.0), (30.0, 50.0), (90.0, 200.0)], 100.0) == 0.5
+    assert window_share([], 100.0) == 0.0
+
+
+def test_report_warns_when_kill_windows_cover_most_of_the_run():
+    args = parse_args(["--rate", "1", "--duration", "100", "--kill-window", "30"])
+    log = SoakLog(kills=[{"time": t, "engine": 0, "pid": 1} for t in (0.0, 30.0, 60.0)])
+    assert "Kill windows cover 90% of the run" in report(log, args)
+    log.kills = log.kills[:1]
+    assert "Kill windows cover" not in report(log, args)

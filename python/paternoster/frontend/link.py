@@ -106,6 +106,9 @@ class EngineLink:
             raise
         self.input_address = push.getsockopt_string(zmq.LAST_ENDPOINT)
         self.output_address = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        if keys is not None:  # system-chosen ports: say which, for a firewall rule
+            logger.info("engine link (CURVE) bound on %s and %s",
+                        self.input_address, self.output_address)  # fmt: skip
         return self.input_address, self.output_address
 
     def send(self, msg: msgspec.Struct) -> None:

@@ -201,7 +201,7 @@ class EngineSupervisor:
         """Declare the engine dead (once) and tell ``on_dead``."""
         if self.dead_reason is not None:
             return
-        logger.error("engine is dead: %s", reason)
+        logger.error("engine %d is dead: %s", self.index, reason)
         self.dead_reason = reason
         self.stalled_since = None
         self.on_dead(reason)
@@ -256,7 +256,7 @@ class EngineSupervisor:
             True when the new engine is ready.
         """
         self.restarting = True
-        logger.warning("restarting the engine after: %s", self.dead_reason)
+        logger.warning("restarting engine %d after: %s", self.index, self.dead_reason)
         try:
             self.proc.kill()
             while self.proc.poll() is None:
@@ -290,7 +290,7 @@ class EngineSupervisor:
         self.num_restarts += 1
         self.dead_reason = None
         self.step_started = None
-        logger.warning("engine restarted (pid %s)", self.proc.pid)
+        logger.warning("engine %d restarted (pid %s)", self.index, self.proc.pid)
         return True
 
     def on_handshake(self, msg: Ready | StartupError) -> None:
