@@ -315,7 +315,7 @@ def test_tokenize_and_detokenize_match_the_tokenizer(f32_server, client, tokeniz
     assert no_gen.json()["count"] < chat["count"]
     for path, body, param in (("/detokenize", {"tokens": [10**9]}, "tokens"),
                               ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
-                              ("/tokenize", {"messages": [{"content": "x"}]}, "messages"),
+                              ("/tokenize", {"messages": [{"content": "x"}]}, "messages[0].role"),
                               ("/tokenize", {}, "prompt")):  # fmt: skip
         bad = post(f32_server, path, body)
         assert bad.status_code in (400, 404) and bad.json()["error"]["param"] == param

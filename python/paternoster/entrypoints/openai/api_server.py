@@ -54,6 +54,7 @@ from paternoster.entrypoints.openai.responses_protocol import ResponsesRequest
 from paternoster.entrypoints.openai.routes_admin import admin_router
 from paternoster.entrypoints.openai.serving import OpenAIServing
 from paternoster.entrypoints.openai.sse import ClientDisconnected
+from paternoster.entrypoints.openai.validation_errors import describe_errors
 from paternoster.frontend.data_parallel import DataParallelClient
 from paternoster.frontend.engine_client import EngineClient
 from paternoster.frontend.errors import EngineOverloadedError
@@ -87,9 +88,10 @@ def _generation_responses(model: type) -> dict:
 
 def _validation_message(exc: RequestValidationError,
                         content_type: str | None = None) -> tuple[str, str | None]:
-    """One readable line and the top-level parameter from pydantic's errors;
-    a body that was not read as JSON because ``content_type`` is not JSON
-    (e.g. curl's default form type) is named as such."""
+    """One readable line and the parameter from pydantic's errors
+    (:func:`describe_errors`: the real path, ``messages[0].content``); a body
+    that was not read as JSON because ``content_type`` is not JSON (e.g.
+    curl's default form type) is named as such."""
     errors = exc.errors()
     if not errors:
         return "invalid request", None
@@ -103,13 +105,7 @@ def _validation_message(exc: RequestValidationError,
             and not (media == "application/json" or media.endswith("+json"))):
         return (f"The request body must be JSON, sent with the header Content-Type: "
                 f"application/json (got Content-Type: {media})"), None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = loc[0] if loc else None
-    msg = first.get("msg", "invalid value")
-    text = f"{'.'.join(loc)}: {msg}" if loc else msg
-    if len(errors) > 1:
-        text += f" (and {len(errors) - 1} more errors)"
-    return text, param
+    return describe_errors(errors, getattr(exc, "body", None))
 
 
 def build_app(
