@@ -168,6 +168,16 @@ def test_waiting_heap_computes_each_key_once_per_enqueue():
     assert sorted(keys) == ["p0", "p1", "p2", "p3"] and s.num_steps >= 12
 
 
+def _add_arrivals(s, pending: list, max_tokens: int) -> None:
+    """Queue the ``pending`` ``(index, (step, priority))`` arrivals due by now
+    (``pending`` sorted by step; consumed)."""
+    while pending and pending[0][1][0] <= s.num_steps:
+        i, (_, prio) = pending.pop(0)
+        (r,) = create_requests(1, prompt_len=6, max_tokens=max_tokens)
+        r.arrival_time = float(i)
+        s.add_request(_with_priority(r, prio, f"q{i}"))
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     arrivals=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 4)), min_size=1, max_size=12),
@@ -179,11 +189,7 @@ def test_heap_order_is_always_the_order_of_current_rank_then_arrival(arrivals, a
     s = create_scheduler("priority", max_num_seqs=2, num_blocks=20, aging_steps=aging_steps)
     pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
     while pending or s.has_unfinished_requests():
-        while pending and pending[0][1][0] <= s.num_steps:
-            i, (_, prio) = pending.pop(0)
-            (r,) = create_requests(1, prompt_len=6, max_tokens=3)
-            r.arrival_time = float(i)
-            s.add_request(_with_priority(r, prio, f"q{i}"))
+        _add_arrivals(s, pending, max_tokens=3)
         waiting = list(s.waiting)
         assert waiting == sorted(waiting, key=lambda r: (s.rank(r), r.arrival_time))
         run_step(s)
@@ -321,11 +327,7 @@ def test_only_a_strictly_more_urgent_admission_preempts(arrivals, max_num_seqs, 
                          aging_steps=aging_steps)
     pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
     while pending or s.has_unfinished_requests():
-        while pending and pending[0][1][0] <= s.num_steps:
-            i, (_, prio) = pending.pop(0)
-            (r,) = create_requests(1, prompt_len=6, max_tokens=6)
-            r.arrival_time = float(i)
-            s.add_request(_with_priority(r, prio, f"q{i}"))
+        _add_arrivals(s, pending, max_tokens=6)
         before = set(map(id, s.running))
         plan, _ = run_step(s)
         admitted = [r for r in plan.scheduled if id(r) not in before]
