@@ -31,6 +31,7 @@ from paternoster.config import EngineConfig
 from paternoster.engine.messages import EngineCoreOutput, EngineCoreRequest
 from paternoster.frontend.admission import Admission, AdmissionCounts, Reservation
 from paternoster.frontend.engine_client import EngineClient
+from paternoster.frontend.engine_status import describe_engine, join_reasons, sum_stats
 from paternoster.frontend.errors import EngineDeadError
 from paternoster.frontend.placement import place_engines
 from paternoster.frontend.ray_executor import RayLauncher
@@ -42,10 +43,6 @@ from paternoster.frontend.router import (
 )
 
 logger = logging.getLogger("paternoster.frontend")
-
-#: Engine stats summed over engines in the aggregate ``/stats``; the usage
-#: fractions are averaged.
-_FRACTIONS = ("kv_cache_usage", "state_slot_usage")
 
 
 class DataParallelClient(AdmissionCounts):
@@ -161,18 +158,9 @@ class DataParallelClient(AdmissionCounts):
     @property
     def stats(self) -> dict:
         """The engines' latest stats added up (usage fractions averaged)."""
-        per_engine = [c.stats for c in self.engines if c.stats]
         if len(self.engines) == 1:
             return self.engines[0].stats
-        total: dict = {}
-        for stats in per_engine:
-            for key, value in stats.items():
-                if isinstance(value, (int, float)):
-                    total[key] = total.get(key, 0) + value
-        for key in _FRACTIONS:
-            if key in total:
-                total[key] /= len(per_engine)
-        return total
+        return sum_stats([c.stats for c in self.engines if c.stats])
 
     def engine_stats(self) -> list[dict]:
         """Each engine's latest stats, engine 0 first (for the metrics)."""
@@ -184,7 +172,7 @@ class DataParallelClient(AdmissionCounts):
         reasons = [c.dead_reason for c in self.engines]
         if any(r is None for r in reasons):
             return None
-        return self._join(reasons)
+        return join_reasons(reasons)
 
     @property
     def num_restarts(self) -> int:
@@ -210,33 +198,11 @@ class DataParallelClient(AdmissionCounts):
         reasons = [c.unavailable_reason for c in self.engines]
         if any(r is None for r in reasons):
             return None
-        return self._join(reasons)
-
-    def _join(self, reasons: list[str | None]) -> str:
-        if len(reasons) == 1:
-            return str(reasons[0])
-        return "no engine can serve: " + "; ".join(f"engine {i}: {r}"
-                                                   for i, r in enumerate(reasons))  # fmt: skip
+        return join_reasons(reasons)
 
     def describe_engines(self) -> list[dict]:
-        """Each engine's state for ``/health`` and ``/stats``."""
-        return [
-            {
-                "index": i,
-                "alive": c.is_alive,
-                "dead_reason": c.dead_reason,
-                "unavailable_reason": c.unavailable_reason,
-                "num_restarts": c.num_restarts,
-                "num_in_flight": c.num_in_flight,
-                "engine_pid": c.pid,
-                "num_threads": c.info.get("num_threads"),
-                "cpus": list(c.supervisor.config.cpus or []) or None,
-                "env": dict(c.supervisor.env) or None,
-                **c.location,
-                "engine": c.stats,
-            }
-            for i, c in enumerate(self.engines)
-        ]
+        """Each engine's state for ``/health`` and ``/stats`` (:func:`describe_engine`)."""
+        return [describe_engine(i, c) for i, c in enumerate(self.engines)]
 
     def stop_accepting(self, reason: str = "server is shutting down") -> None:
         """Refuse new requests from now on (every engine); in-flight ones go on."""
