@@ -180,7 +180,15 @@ PYBIND11_MODULE(_core, m) {
       .value("bfloat16", WeightFormat::kBFloat16)
       .value("q8_0", WeightFormat::kQ8_0)
       .value("q4_0", WeightFormat::kQ4_0)
-      .value("q4_1", WeightFormat::kQ4_1);
+      .value("q4_1", WeightFormat::kQ4_1)
+      .value("q5_0", WeightFormat::kQ5_0)
+      .value("q5_1", WeightFormat::kQ5_1)
+      .value("iq4_nl", WeightFormat::kIQ4_NL)
+      .value("mxfp4", WeightFormat::kMXFP4)
+      .value("q4_k", WeightFormat::kQ4_K)
+      .value("q5_k", WeightFormat::kQ5_K)
+      .value("q6_k", WeightFormat::kQ6_K)
+      .value("iq4_xs", WeightFormat::kIQ4_XS);
 
   py::class_<BlockPool>(m, "BlockPool",
                         "Fixed pool of reference-counted KV blocks, with an optional prefix cache.")

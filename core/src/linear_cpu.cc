@@ -14,6 +14,7 @@
 #include "linear_kernel.h"
 #include "paternoster/linear.h"
 #include "paternoster/thread_pool.h"
+#include "quant_formats.h"
 
 namespace paternoster {
 
@@ -88,8 +89,11 @@ const detail::LinearKernels& default_kernels() {
   return chosen;
 }
 
-bool is_quantized(WeightFormat f) {
-  return f == WeightFormat::kQ8_0 || f == WeightFormat::kQ4_0 || f == WeightFormat::kQ4_1;
+bool is_quantized(WeightFormat f) { return detail::is_quantized_format(f); }
+
+bool is_known(WeightFormat f) {
+  return f == WeightFormat::kFloat32 || f == WeightFormat::kBFloat16 ||
+         detail::format_block_bytes(f) > 0;
 }
 
 // float32 copy of rows x [n, k] in `dtype` (bfloat16 widens exactly).
@@ -200,19 +204,16 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
 }  // namespace
 
 int64_t weight_row_bytes(WeightFormat format, int64_t in_features) {
+  if (!is_known(format)) fail("unknown weight format " + std::to_string(static_cast<int>(format)));
   if (in_features <= 0) fail("in_features must be > 0, got " + std::to_string(in_features));
-  if (is_quantized(format) && in_features % kQuantBlock) {
-    fail("in_features must be a multiple of 32 for quantized weights, got " +
-         std::to_string(in_features));
+  if (format == WeightFormat::kFloat32) return 4 * in_features;
+  if (format == WeightFormat::kBFloat16) return 2 * in_features;
+  const int64_t block = detail::format_block_values(format);
+  if (in_features % block) {
+    fail("in_features must be a multiple of " + std::to_string(block) + " for weight format " +
+         std::to_string(static_cast<int>(format)) + ", got " + std::to_string(in_features));
   }
-  switch (format) {
-    case WeightFormat::kFloat32: return 4 * in_features;
-    case WeightFormat::kBFloat16: return 2 * in_features;
-    case WeightFormat::kQ8_0: return in_features / kQuantBlock * 34;
-    case WeightFormat::kQ4_0: return in_features / kQuantBlock * 18;
-    case WeightFormat::kQ4_1: return in_features / kQuantBlock * 20;
-  }
-  fail("unknown weight format " + std::to_string(static_cast<int>(format)));
+  return in_features / block * detail::format_block_bytes(format);
 }
 
 void linear(void* out, DType out_dtype, const void* x, DType x_dtype, const void* weight,

@@ -481,14 +481,24 @@ def _rotary_embedding_ptr(
     :func:`paternoster.kernels.rotary_embedding` instead."""
 
 class WeightFormat(enum.Enum):
-    """Storage of a linear layer's weight: dense ``float32``/``bfloat16``, or
-    GGUF blocks of 32 values ``q8_0``, ``q4_0``, ``q4_1`` (paternoster/linear.h)."""
-
+    """Storage format of a linear layer's weight: dense ``float32``/``bfloat16``, or
+    GGUF blocks (paternoster/linear.h; values are ggml's type numbers): of 32
+    values ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``iq4_nl``,
+    ``mxfp4``; of 256 values ``q4_k``, ``q5_k``, ``q6_k``, ``iq4_xs``."""
     float32 = 0
     bfloat16 = 1
     q4_0 = 2
     q4_1 = 3
+    q5_0 = 6
+    q5_1 = 7
     q8_0 = 8
+    q4_k = 12
+    q5_k = 13
+    q6_k = 14
+    iq4_nl = 20
+    iq4_xs = 23
+    mxfp4 = 39
+
 
 def weight_row_bytes(format: WeightFormat, in_features: int) -> int:
     """Bytes of one weight row; ValueError for a quantized format and

@@ -212,7 +212,7 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="multiple of 32"):
         QuantizedWeight(qw.data, "q8_0", 48)
     with pytest.raises(ValueError, match="format"):
-        QuantizedWeight(qw.data, "q5_k", 64)
+        QuantizedWeight(qw.data, "q3_k", 64)
     with pytest.raises(ValueError, match="uint8"):
         QuantizedWeight(qw.data[:, :10].contiguous(), "q8_0", 64)
 

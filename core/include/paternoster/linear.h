@@ -1,6 +1,7 @@
 // Linear layers on the CPU: out = x W^T (+ bias), with W dense (float32,
-// bfloat16) or kept in a GGUF block-quantized format (Q8_0, Q4_0, Q4_1) and
-// dequantized on the fly, one block row at a time, into a small float32 tile.
+// bfloat16) or kept in a GGUF block-quantized format (Q8_0, Q4_0, Q4_1, Q5_0,
+// Q5_1, IQ4_NL, MXFP4, and the 256-value K-quants Q4_K, Q5_K, Q6_K and IQ4_XS)
+// and dequantized on the fly, one block row at a time, into a small float32 tile.
 //
 // Layouts (row-major):
 //   x      [num_tokens, in_features]    float32 or bfloat16 (x_dtype)
@@ -11,8 +12,17 @@
 //            Q8_0: {float16 d; int8 q[32]}            value = d * q
 //            Q4_0: {float16 d; uint8 q[16]}           value = d * (nibble - 8)
 //            Q4_1: {float16 d; float16 m; uint8 q[16]} value = d * nibble + m
+//            Q5_0: {float16 d; uint8 qh[4]; uint8 q[16]}     value = d * (q5 - 16)
+//            Q5_1: {float16 d; float16 m; uint8 qh[4]; uint8 q[16]}  d * q5 + m
+//            IQ4_NL: {float16 d; uint8 q[16]}         value = d * kvalues_iq4nl[nibble]
+//            MXFP4: {uint8 e; uint8 q[16]}            value = 2^(e-128) * kvalues_mxfp4[nibble]
 //          where byte j of q holds element j in its low nibble and element
-//          j + 16 in its high nibble (ggml's ggml-common.h, GGUF spec).
+//          j + 16 in its high nibble, and bit j of qh is element j's fifth bit;
+//          the K-quants take 256 values a block (in_features % 256 == 0):
+//            Q4_K (144 bytes), Q5_K (176), Q6_K (210), IQ4_XS (136), with
+//          6- or 8-bit scales per run of 32 (16 for Q6_K) values; their
+//          layouts are spelled out in core/src/quant_formats.h
+//          (ggml's ggml-common.h, GGUF spec).
 //   bias   [out_features] in x_dtype, or null
 //   out    [num_tokens, out_features]   float32 or bfloat16 (out_dtype)
 //
@@ -40,13 +50,20 @@
 
 namespace paternoster {
 
-enum class WeightFormat : int32_t { kFloat32 = 0, kBFloat16 = 1, kQ8_0 = 8, kQ4_0 = 2, kQ4_1 = 3 };
+// The quantized formats carry ggml's type numbers (GGMLQuantizationType).
+enum class WeightFormat : int32_t {
+  kFloat32 = 0, kBFloat16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
+  kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23, kMXFP4 = 39
+};
 
-// Values per quantization block of the quantized formats.
+// Values per run of the quantized formats: a 32-value block, or one of the
+// eight runs of a 256-value K-quant block. The 8-bit activation path
+// quantizes x per run.
 constexpr int64_t kQuantBlock = 32;
 
 // Bytes of one weight row of in_features values in `format`; quantized
-// formats need in_features % 32 == 0 (std::invalid_argument otherwise).
+// formats need in_features to be a multiple of their block (32, or 256 for
+// Q4_K, Q5_K, Q6_K, IQ4_XS), std::invalid_argument otherwise.
 int64_t weight_row_bytes(WeightFormat format, int64_t in_features);
 
 // out = x W^T (+ bias); see the header comment for layouts, rounding and

@@ -30,12 +30,12 @@ from paternoster.kernels.checks import (
     check_weight,
     kernel_dtype,
 )
-from paternoster.kernels.quant import QuantizedWeight
+from paternoster.kernels.quant import QUANT_FORMATS, QuantizedWeight
 
 CPU_DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloat16}
 
-WEIGHT_FORMATS = {"q8_0": _core.WeightFormat.q8_0, "q4_0": _core.WeightFormat.q4_0,
-                  "q4_1": _core.WeightFormat.q4_1, torch.float32: _core.WeightFormat.float32,
+WEIGHT_FORMATS = {**{f: getattr(_core.WeightFormat, f) for f in QUANT_FORMATS},
+                  torch.float32: _core.WeightFormat.float32,
                   torch.bfloat16: _core.WeightFormat.bfloat16}
 
 

@@ -1,5 +1,4 @@
-"""Weights kept in a GGUF block-quantized format, and their torch reference
-dequantization.
+"""Weights kept in a GGUF block-quantized format, and their dequantization.
 
 Formats (ggml's ``ggml-common.h``; the GGUF specification), quantized along
 the input features in blocks of 32 values, one block a row of bytes:
@@ -8,12 +7,21 @@ the input features in blocks of 32 values, one block a row of bytes:
 - ``q4_0``: ``{float16 d; uint8 q[16]}`` (18 bytes), value ``d * (nibble - 8)``
 - ``q4_1``: ``{float16 d; float16 m; uint8 q[16]}`` (20 bytes), value
   ``d * nibble + m``
+- ``q5_0`` (22 bytes), ``q5_1`` (24): as ``q4_0`` / ``q4_1`` with a fifth bit
+  per value in ``uint8 qh[4]`` (value ``d * (q - 16)`` / ``d * q + m``)
+- ``iq4_nl`` (18 bytes): ``d * kvalues_iq4nl[nibble]``; ``mxfp4`` (17 bytes,
+  an E8M0 scale and 16 bytes of E2M1 nibbles)
 
 where byte ``j`` of ``q`` holds element ``j`` in its low nibble and element
-``j + 16`` in its high nibble. The CPU kernels compute with these bytes
-directly (:func:`paternoster.kernels.linear`); :func:`dequantize_torch` is the
-reference, written from the format description, used where no kernel takes
-them (CUDA dequantizes at load).
+``j + 16`` in its high nibble; and in blocks of 256 values (the K-quants):
+``q4_k`` (144 bytes), ``q5_k`` (176), ``q6_k`` (210), ``iq4_xs`` (136), with a
+scale per run of 32 (16 for ``q6_k``) values (``core/src/quant_formats.h``
+spells them out). The CPU kernels compute with these bytes directly
+(:func:`paternoster.kernels.linear`). :func:`dequantize_torch` is written from
+the format description for ``q8_0``/``q4_0``/``q4_1`` and runs on any device;
+the other formats dequantize on the CPU with the ``gguf`` package's reference
+(:mod:`gguf.quants`), used where no kernel takes them (CUDA dequantizes at
+load).
 """
 
 from __future__ import annotations
@@ -22,12 +30,18 @@ from dataclasses import dataclass
 
 import torch
 
-#: Values per quantization block.
+#: Values per quantization block of the 32-value formats.
 BLOCK = 32
 #: Bytes per block of each quantized format.
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18,
+               "mxfp4": 17, "q4_k": 144, "q5_k": 176, "q6_k": 210, "iq4_xs": 136}
+#: Values per block of each quantized format (32, or 256 for the K-quants).
+BLOCK_VALUES = {f: 256 if f in ("q4_k", "q5_k", "q6_k", "iq4_xs") else BLOCK
+                for f in BLOCK_BYTES}
 #: The formats :class:`QuantizedWeight` holds.
 QUANT_FORMATS = tuple(BLOCK_BYTES)
+#: The formats :func:`dequantize_torch` computes in torch (any device).
+TORCH_FORMATS = ("q8_0", "q4_0", "q4_1")
 
 
 @dataclass(frozen=True)
@@ -35,14 +49,15 @@ class QuantizedWeight:
     """A linear layer's weight ``[out_features, in_features]`` kept quantized.
 
     Attributes:
-        data: uint8 ``[out_features, in_features // 32 * block bytes]``,
-            contiguous: each row the GGUF blocks of one output feature.
+        data: uint8 ``[out_features, in_features // block values * block
+            bytes]``, contiguous: each row the GGUF blocks of one output feature.
         format: one of :data:`QUANT_FORMATS`.
-        in_features: K, a multiple of 32.
+        in_features: K, a multiple of the format's block (:data:`BLOCK_VALUES`).
 
     Raises:
         ValueError: unknown format, ``in_features`` not a positive multiple of
-            32, or ``data`` not a contiguous uint8 matrix of the matching width.
+            the block, or ``data`` not a contiguous uint8 matrix of the
+            matching width.
     """
 
     data: torch.Tensor
@@ -52,10 +67,11 @@ class QuantizedWeight:
     def __post_init__(self) -> None:
         if self.format not in BLOCK_BYTES:
             raise ValueError(f"format must be one of {QUANT_FORMATS}, got {self.format!r}")
-        if self.in_features <= 0 or self.in_features % BLOCK:
-            raise ValueError(f"in_features must be a positive multiple of {BLOCK}, "
-                             f"got {self.in_features}")
-        width = self.in_features // BLOCK * BLOCK_BYTES[self.format]
+        block = BLOCK_VALUES[self.format]
+        if self.in_features <= 0 or self.in_features % block:
+            raise ValueError(f"in_features must be a positive multiple of {block} for "
+                             f"{self.format}, got {self.in_features}")
+        width = self.in_features // block * BLOCK_BYTES[self.format]
         if (self.data.dtype != torch.uint8 or self.data.dim() != 2
                 or self.data.shape[1] != width or not self.data.is_contiguous()):
             raise ValueError(f"data must be a contiguous uint8 [out_features, {width}] "
@@ -117,12 +133,14 @@ def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
 
 
 def dequantize_torch(data: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
-    """Reference dequantization of GGUF blocks to float32 (any device).
+    """Dequantization of GGUF blocks to float32, on ``data``'s device: in
+    torch for :data:`TORCH_FORMATS`; the other formats by the ``gguf``
+    package's numpy reference on the CPU, the result moved back.
 
     Args:
-        data: uint8 ``[rows, in_features // 32 * BLOCK_BYTES[fmt]]``.
+        data: uint8 ``[rows, in_features // block values * BLOCK_BYTES[fmt]]``.
         fmt: one of :data:`QUANT_FORMATS`.
-        in_features: values per row, a multiple of 32.
+        in_features: values per row, a multiple of the block (:data:`BLOCK_VALUES`).
     Returns:
         float32 ``[rows, in_features]``.
     Raises:
@@ -130,6 +148,11 @@ def dequantize_torch(data: torch.Tensor, fmt: str, in_features: int) -> torch.Te
     """
     if fmt not in BLOCK_BYTES:
         raise ValueError(f"format must be one of {QUANT_FORMATS}, got {fmt!r}")
+    if fmt not in TORCH_FORMATS:
+        from gguf import GGMLQuantizationType, quants
+
+        values = quants.dequantize(data.cpu().numpy(), GGMLQuantizationType[fmt.upper()])
+        return torch.from_numpy(values.astype("float32", copy=False)).to(data.device)
     rows = data.shape[0]
     blocks = data.reshape(rows, in_features // BLOCK, BLOCK_BYTES[fmt])
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [rows, nb, 1]

@@ -1,0 +1,121 @@
+"""The linear kernel on every GGUF tensor type it keeps quantized, against the
+``gguf`` package's own dequantizer (llama.cpp's gguf-py, written from ggml's
+reference code) and a float64 product.
+
+The weights are random bytes made into valid blocks (their scales set to
+finite float16 values), so every bit pattern of the quantized values, scales
+and minimums is met, not only those a quantizer would write. Bounds: the
+float path within float32 summation error; the 8-bit activation path
+(decode) within that error of the product with llama.cpp's 8-bit activations
+(see test_linear.py) and within llama.cpp's own mul_mat tolerance of the exact
+product (test-backend-ops: NMSE <= 5e-4); every x86 variant the same bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from paternoster import _core, kernels
+from paternoster.kernels.quant import BLOCK_BYTES, BLOCK_VALUES, QuantizedWeight, dequantize_torch
+from tests.core.test_linear import I8_MAX_TOKENS, _variant_linear, q8_activations
+
+#: The types kept quantized (beyond Q8_0 / Q4_0 / Q4_1, tested in test_linear.py).
+FORMATS = ["q5_0", "q5_1", "iq4_nl", "mxfp4", "q4_k", "q5_k", "q6_k", "iq4_xs"]
+
+#: Byte offsets of each format's float16 scale fields within a block.
+_FP16_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2),
+                "iq4_nl": (0,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
+                "iq4_xs": (0,)}
+
+
+def random_blocks(rows: int, k: int, fmt: str, seed: int) -> tuple[QuantizedWeight, torch.Tensor]:
+    """A ``[rows, k]`` weight of random valid blocks, and gguf-py's
+    dequantization of it (float64)."""
+    rng = np.random.default_rng(seed)
+    nb = k // BLOCK_VALUES[fmt]
+    blocks = rng.integers(0, 256, size=(rows, nb, BLOCK_BYTES[fmt]), dtype=np.uint8)
+    for off in _FP16_FIELDS.get(fmt, ()):
+        scale = (rng.uniform(0.5, 1.5, size=(rows, nb)) * 2e-3).astype(np.float16)
+        blocks[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, nb, 2)
+    if fmt == "mxfp4":  # E8M0 scales 2^-8 .. 2^-4 (halved: 2^(e - 128))
+        blocks[:, :, 0] = rng.integers(120, 125, size=(rows, nb), dtype=np.uint8)
+    data = blocks.reshape(rows, -1)
+    ref = quants.dequantize(data, GGMLQuantizationType[fmt.upper()]).astype(np.float64)
+    return QuantizedWeight(torch.from_numpy(data.copy()), fmt, k), torch.from_numpy(ref)
+
+
+@pytest.fixture(autouse=True)
+def _two_threads():
+    old = kernels.get_num_threads()
+    kernels.set_num_threads(2)
+    yield
+    kernels.set_num_threads(old)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_rows_matches_gguf(fmt):
+    """The core's decoder of each format gives gguf-py's values exactly (up to
+    float32 rounding of the products), on every variant's dequantizer."""
+    qw, ref = random_blocks(7, 512, fmt, seed=1)
+    out = torch.empty(7, 512)
+    _core._dequantize_rows_ptr(out.data_ptr(), qw.data.data_ptr(),
+                               getattr(_core.WeightFormat, fmt), 7, 512)
+    assert torch.allclose(out.double(), ref, rtol=1e-6, atol=0), fmt
+    assert torch.allclose(dequantize_torch(qw.data, fmt, 512).double(), ref, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_path_matches_gguf_dequantized(fmt, dtype):
+    """Batch-invariant calls (the float path, every size): the float64 product
+    of gguf-py's values within float32 summation error."""
+    k = 768
+    qw, ref_w = random_blocks(70, k, fmt, seed=2)
+    bias = torch.randn(70).to(dtype)
+    if dtype == torch.bfloat16 and _core.linear_isa() == "avx512bf16":
+        # bfloat16 dot products: the weights dequantized, then rounded to bfloat16.
+        ref_w = ref_w.float().bfloat16().double()
+    for t in (1, 5, 70):
+        x = torch.randn(t, k).to(dtype)
+        out = kernels.linear(x, qw, bias, out_dtype=torch.float32, invariant=True)
+        ref = x.double() @ ref_w.T + bias.double()
+        scale = (x.double().abs() @ ref_w.abs().T).max()
+        assert (out.double() - ref).abs().max() <= 1e-6 * scale, (fmt, t)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_8bit_activation_path_matches_gguf_dequantized(fmt):
+    """Decode-sized calls on the x86 variants: llama.cpp's 8-bit activations
+    times gguf-py's values within float32 summation error, within llama.cpp's
+    NMSE bound of the exact product, the same bits on every variant; larger
+    calls take the float path bit for bit."""
+    k = 512
+    qw, ref_w = random_blocks(36, k, fmt, seed=3)
+    for t in (1, 3, 8, 9):
+        x = torch.randn(t, k).bfloat16()
+        exact = x.double() @ ref_w.T
+        ref = q8_activations(x) @ ref_w.T
+        scale = (x.double().abs() @ ref_w.abs().T).max()
+        outs = []
+        for isa in _core.available_linear_isas():
+            out = _variant_linear(isa, x, qw, invariant=False)
+            if t > I8_MAX_TOKENS.get(isa, 0):
+                assert torch.equal(out, _variant_linear(isa, x, qw, invariant=True)), (isa, t)
+                continue
+            assert (out.double() - ref).abs().max() <= 1e-6 * scale, (fmt, isa, t)
+            nmse = ((out.double() - exact) ** 2).sum() / (exact**2).sum()
+            assert nmse <= 5e-4, (fmt, isa, t)
+            outs.append((isa, out))
+        for isa, out in outs[1:]:
+            assert torch.equal(out, outs[0][1]), (fmt, isa, outs[0][0], t)
+
+
+def test_k_quants_need_whole_blocks_of_256():
+    qw, _ = random_blocks(2, 256, "q4_k", seed=4)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        QuantizedWeight(qw.data, "q4_k", 128)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        _core.weight_row_bytes(_core.WeightFormat.q6_k, 224)
+    assert _core.weight_row_bytes(_core.WeightFormat.q6_k, 512) == 420
