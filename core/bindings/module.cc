@@ -14,6 +14,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "paternoster/attention.h"
@@ -491,6 +492,25 @@ PYBIND11_MODULE(_core, m) {
       "out = x W^T (+ bias) on raw data pointers (bias 0: none; isa '': the default; "
       "batch_invariant: no 8-bit activation path, see paternoster/linear.h).");
   m.def(
+      "_linear_parts_ptr",
+      [](uintptr_t out, DType out_dtype, uintptr_t x, DType x_dtype,
+         const std::vector<std::tuple<uintptr_t, WeightFormat, int64_t>>& parts, uintptr_t bias,
+         int64_t num_tokens, int64_t in_features, bool batch_invariant) {
+        std::vector<WeightPart> ps;
+        for (const auto& [data, format, rows] : parts) {
+          ps.push_back(WeightPart{ptr<const void>(data), format, rows});
+        }
+        py::gil_scoped_release release;
+        linear_parts(ptr<void>(out), out_dtype, ptr<const void>(x), x_dtype, ps.data(),
+                     static_cast<int64_t>(ps.size()), ptr<const void>(bias), num_tokens,
+                     in_features, batch_invariant);
+      },
+      py::arg("out"), py::arg("out_dtype"), py::arg("x"), py::arg("x_dtype"), py::arg("parts"),
+      py::arg("bias"), py::arg("num_tokens"), py::arg("in_features"),
+      py::arg("batch_invariant") = false,
+      "out = x W^T (+ bias) with W the rows of parts [(data, format, rows)] stacked "
+      "(paternoster/linear.h: linear_parts).");
+  m.def(
       "_dequantize_rows_ptr",
       [](uintptr_t out, uintptr_t weight, WeightFormat format, int64_t num_rows,
          int64_t in_features) {
@@ -524,10 +544,12 @@ PYBIND11_MODULE(_core, m) {
              c.batch_invariant = batch_invariant;
              std::vector<DecoderLayer> ls;
              for (const auto& f : layers) {
-               if (f.size() != 20) throw std::invalid_argument("a layer needs 20 fields");
+               // 20 fields, then per projection stored in parts: its slot
+               // (0 qkv, 1 o, 2 gate_up, 3 down), count, (data, format, rows) each.
+               if (f.size() < 20) throw std::invalid_argument("a layer needs 20 fields");
                auto w = [&](size_t i) {
                  return DecoderWeight{ptr<const void>(f[i]), static_cast<WeightFormat>(f[i + 1]),
-                                      ptr<const void>(f[i + 2])};
+                                      ptr<const void>(f[i + 2]), {}};
                };
                DecoderLayer l;
                l.input_norm = ptr<const void>(f[0]);
@@ -542,6 +564,20 @@ PYBIND11_MODULE(_core, m) {
                l.k_norm = ptr<const void>(f[17]);
                l.use_rope = f[18] != 0;
                l.sliding_window = static_cast<int64_t>(f[19]);
+               DecoderWeight* slots[] = {&l.qkv, &l.o, &l.gate_up, &l.down};
+               for (size_t i = 20; i < f.size();) {
+                 if (i + 2 > f.size() || f[i] > 3 || i + 2 + 3 * f[i + 1] > f.size()) {
+                   throw std::invalid_argument("malformed weight parts in a layer's fields");
+                 }
+                 DecoderWeight* slot = slots[f[i]];
+                 for (uint64_t p = 0; p < f[i + 1]; ++p) {
+                   const size_t at = i + 2 + 3 * p;
+                   slot->parts.push_back(WeightPart{ptr<const void>(f[at]),
+                                                    static_cast<WeightFormat>(f[at + 1]),
+                                                    static_cast<int64_t>(f[at + 2])});
+                 }
+                 i += 2 + 3 * f[i + 1];
+               }
                ls.push_back(l);
              }
              return new DecoderStack(c, std::move(ls), ptr<const void>(final_norm));

@@ -36,6 +36,17 @@ void gather_rows(void* dst, const void* src, int64_t rows, int64_t width, int64_
   }
 }
 
+// out = x W^T (+ bias) for a projection of `rows` output features.
+void project(const DecoderWeight& w, void* out, const void* x, DType dt, int64_t T, int64_t rows,
+             int64_t in_features, bool batch_invariant) {
+  if (w.parts.empty()) {
+    linear(out, dt, x, dt, w.data, w.format, w.bias, T, rows, in_features, batch_invariant);
+  } else {
+    linear_parts(out, dt, x, dt, w.parts.data(), static_cast<int64_t>(w.parts.size()), w.bias, T,
+                 in_features, batch_invariant);
+  }
+}
+
 }  // namespace
 
 DecoderStack::DecoderStack(const DecoderConfig& config, std::vector<DecoderLayer> layers,
@@ -58,20 +69,39 @@ DecoderStack::DecoderStack(const DecoderConfig& config, std::vector<DecoderLayer
     const DecoderLayer& l = layers_[i];
     const std::string at = "layer " + std::to_string(i) + ": ";
     if (!l.input_norm || !l.post_attention_norm) fail(at + "norm weights must not be null");
-    if (!l.qkv.data || !l.o.data || !l.gate_up.data || !l.down.data) {
-      fail(at + "projection weights must not be null");
+    const int64_t q_size = c_.num_heads * c_.head_size, kv_size = c_.num_kv_heads * c_.head_size;
+    const std::pair<const DecoderWeight*, int64_t> projections[] = {
+        {&l.qkv, q_size + 2 * kv_size}, {&l.o, c_.hidden_size},
+        {&l.gate_up, 2 * c_.intermediate_size}, {&l.down, c_.hidden_size}};
+    for (const auto& [w, rows] : projections) {
+      if (w->parts.empty()) {
+        if (!w->data) fail(at + "projection weights must not be null");
+        continue;
+      }
+      int64_t total = 0;
+      for (const WeightPart& p : w->parts) {
+        if (!p.data) fail(at + "projection weights must not be null");
+        total += p.rows;
+      }
+      if (total != rows) {
+        fail(at + "weight parts hold " + std::to_string(total) + " rows, the projection has " +
+             std::to_string(rows));
+      }
     }
     if (!l.key_cache || !l.value_cache) fail(at + "KV caches must not be null");
     if (!l.q_norm != !l.k_norm) fail(at + "q_norm and k_norm must both be set or both be null");
     if (l.sliding_window < 0) {
       fail(at + "sliding_window must be >= 0, got " + std::to_string(l.sliding_window));
     }
-    const DecoderWeight* dense[] = {&l.qkv, &l.o, &l.gate_up, &l.down};
-    for (const DecoderWeight* w : dense) {
-      const bool is_dense =
-          w->format == WeightFormat::kFloat32 || w->format == WeightFormat::kBFloat16;
-      const bool matches = (w->format == WeightFormat::kFloat32) == (c_.dtype == DType::kFloat32);
-      if (is_dense && !matches) fail(at + "dense weights must be in the model dtype");
+    for (const auto& [w, rows] : projections) {
+      std::vector<WeightFormat> formats;
+      for (const WeightPart& p : w->parts) formats.push_back(p.format);
+      if (w->parts.empty()) formats.push_back(w->format);
+      for (WeightFormat f : formats) {
+        const bool is_dense = f == WeightFormat::kFloat32 || f == WeightFormat::kBFloat16;
+        const bool matches = (f == WeightFormat::kFloat32) == (c_.dtype == DType::kFloat32);
+        if (is_dense && !matches) fail(at + "dense weights must be in the model dtype");
+      }
     }
   }
 }
@@ -114,8 +144,7 @@ void DecoderStack::forward(void* out, void* x, const int64_t* positions,
       fused_add_rms_norm(mlp, residual, l.input_norm, T, H, c_.rms_norm_eps, dt);
       normed = mlp;
     }
-    linear(qkv, dt, normed, dt, l.qkv.data, l.qkv.format, l.qkv.bias, T, qkv_width, H,
-           c_.batch_invariant);
+    project(l.qkv, qkv, normed, dt, T, qkv_width, H, c_.batch_invariant);
     gather_rows(q, qkv, T, q_size, qkv_width, elem);
     gather_rows(k, bytes(qkv) + q_size * elem, T, kv_size, qkv_width, elem);
     gather_rows(v, bytes(qkv) + (q_size + kv_size) * elem, T, kv_size, qkv_width, elem);
@@ -133,14 +162,11 @@ void DecoderStack::forward(void* out, void* x, const int64_t* positions,
                     query_start_loc, T, num_seqs, c_.num_heads, c_.num_kv_heads, D,
                     c_.num_blocks, c_.block_size, max_blocks_per_seq, scale, dt,
                     c_.batch_invariant, l.sliding_window);
-    linear(proj, dt, attn, dt, l.o.data, l.o.format, l.o.bias, T, H, q_size,
-           c_.batch_invariant);
+    project(l.o, proj, attn, dt, T, H, q_size, c_.batch_invariant);
     fused_add_rms_norm(proj, residual, l.post_attention_norm, T, H, c_.rms_norm_eps, dt);
-    linear(gate_up, dt, proj, dt, l.gate_up.data, l.gate_up.format, l.gate_up.bias, T, 2 * I, H,
-           c_.batch_invariant);
+    project(l.gate_up, gate_up, proj, dt, T, 2 * I, H, c_.batch_invariant);
     silu_and_mul(act, gate_up, T, I, dt);
-    linear(mlp, dt, act, dt, l.down.data, l.down.format, l.down.bias, T, H, I,
-           c_.batch_invariant);
+    project(l.down, mlp, act, dt, T, H, I, c_.batch_invariant);
   }
   std::memcpy(out, mlp, static_cast<size_t>(T * H * elem));
   fused_add_rms_norm(out, residual, final_norm_, T, H, c_.rms_norm_eps, dt);

@@ -149,56 +149,112 @@ void quantize_rows_q8(const void* x, DType dtype, int64_t M, int64_t K, std::vec
 }
 
 void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void* x,
-         DType x_dtype, const void* weight, WeightFormat format, const void* bias,
-         int64_t num_tokens, int64_t out_features, int64_t in_features, bool batch_invariant) {
+         DType x_dtype, const WeightPart* parts, int64_t num_parts, const void* bias,
+         int64_t num_tokens, int64_t in_features, bool batch_invariant) {
   dtype_size(out_dtype);
   dtype_size(x_dtype);
   if (num_tokens < 0) fail("num_tokens must be >= 0, got " + std::to_string(num_tokens));
-  if (out_features <= 0) fail("out_features must be > 0, got " + std::to_string(out_features));
-  const int64_t row_bytes = weight_row_bytes(format, in_features);
+  if (num_parts < 1 || !parts) fail("num_parts must be >= 1, got " + std::to_string(num_parts));
+  int64_t out_features = 0;
+  bool any_quantized = false, any_float = false;
+  for (int64_t p = 0; p < num_parts; ++p) {
+    if (parts[p].rows <= 0) {
+      fail((num_parts > 1 ? "rows of part " + std::to_string(p) : std::string("out_features")) +
+           " must be > 0, got " + std::to_string(parts[p].rows));
+    }
+    weight_row_bytes(parts[p].format, in_features);  // checks format and in_features
+    out_features += parts[p].rows;
+    any_quantized = any_quantized || is_quantized(parts[p].format);
+  }
   if (num_tokens == 0) return;
-  if (!out || !x || !weight) fail("out, x and weight must not be null");
+  if (!out || !x) fail("out, x and weight must not be null");
+  for (int64_t p = 0; p < num_parts; ++p) {
+    if (!parts[p].data) fail("out, x and weight must not be null");
+  }
 
   thread_local std::vector<float> x_buf, bias_buf, q8_scale, q8_sum;
   thread_local std::vector<int8_t> q8;
-  const bool i8 = is_quantized(format) && !batch_invariant && num_tokens <= k.i8_max_tokens;
-  if (i8) quantize_rows_q8(x, x_dtype, num_tokens, in_features, q8, q8_scale, q8_sum);
-  // bfloat16 x into bfloat16 dot products as is (float32 weights excepted).
-  const bool dot = !i8 && k.bf16_dot && x_dtype == DType::kBFloat16 &&
-                   format != WeightFormat::kFloat32;
-  detail::LinearArgs args{out, out_dtype,
-                          dot || i8 ? nullptr : as_float(x, x_dtype, num_tokens * in_features, x_buf),
-                          dot ? static_cast<const uint16_t*>(x) : nullptr,
-                          i8 ? q8.data() : nullptr,
-                          i8 ? q8_scale.data() : nullptr,
-                          i8 ? q8_sum.data() : nullptr,
-                          static_cast<const uint8_t*>(weight), format, row_bytes,
-                          bias ? as_float(bias, x_dtype, out_features, bias_buf) : nullptr,
-                          num_tokens, out_features, in_features};
+  const bool i8_call = any_quantized && !batch_invariant && num_tokens <= k.i8_max_tokens;
+  if (i8_call) quantize_rows_q8(x, x_dtype, num_tokens, in_features, q8, q8_scale, q8_sum);
+  // Per part: quantized parts of an 8-bit call take x_q8; else bfloat16 x goes
+  // into bfloat16 dot products as is (float32 weights excepted); else float32 x.
+  std::vector<detail::LinearArgs> args;
+  args.reserve(static_cast<size_t>(num_parts));
+  for (int64_t p = 0; p < num_parts; ++p) {
+    const bool i8 = i8_call && is_quantized(parts[p].format);
+    const bool dot = !i8 && k.bf16_dot && x_dtype == DType::kBFloat16 &&
+                     parts[p].format != WeightFormat::kFloat32;
+    any_float = any_float || (!i8 && !dot);
+    args.push_back(detail::LinearArgs{out, out_dtype, nullptr,
+                                      dot ? static_cast<const uint16_t*>(x) : nullptr,
+                                      i8 ? q8.data() : nullptr, i8 ? q8_scale.data() : nullptr,
+                                      i8 ? q8_sum.data() : nullptr, nullptr, parts[p].format,
+                                      weight_row_bytes(parts[p].format, in_features), nullptr,
+                                      num_tokens, out_features, in_features});
+  }
+  const float* x_float = any_float ? as_float(x, x_dtype, num_tokens * in_features, x_buf) : nullptr;
+  const float* bias_float = bias ? as_float(bias, x_dtype, out_features, bias_buf) : nullptr;
+  // Each part's rows start at column `first` of out: its weight base is set
+  // `first` rows before its data, so the tiles address row n of the whole.
+  int64_t first = 0;
+  for (int64_t p = 0; p < num_parts; ++p) {
+    detail::LinearArgs& a = args[static_cast<size_t>(p)];
+    if (!a.x_bf16 && !a.x_q8) a.x = x_float;
+    a.bias = bias_float;
+    a.weight = static_cast<const uint8_t*>(parts[p].data) - first * a.row_bytes;
+    first += parts[p].rows;
+  }
 
+  // Work items: (part, token block, column chunk); chunks cut each part's
+  // tiles in proportion to its share of all tiles.
+  struct Item {
+    int64_t part, m0, m1, n0, n1;
+  };
   const int64_t token_blocks = (num_tokens + kTokenBlock - 1) / kTokenBlock;
-  const int64_t tiles = (out_features + detail::kLinearNR - 1) / detail::kLinearNR;
   ThreadPool& pool = default_thread_pool();
   const int64_t threads = pool.num_threads();
   const bool parallel =
       threads > 1 && num_tokens * out_features * in_features >= kMinParallelMacs;
   const int64_t want = parallel ? threads * kItemsPerThread : 1;
-  const int64_t col_chunks = std::max<int64_t>(1, std::min(tiles, want / token_blocks));
-  const int64_t items = token_blocks * col_chunks;
+  const int64_t all_tiles = (out_features + detail::kLinearNR - 1) / detail::kLinearNR;
+  std::vector<Item> items;
+  first = 0;
+  for (int64_t p = 0; p < num_parts; ++p) {
+    const int64_t rows = parts[p].rows;
+    const int64_t tiles = (rows + detail::kLinearNR - 1) / detail::kLinearNR;
+    const int64_t share = std::max<int64_t>(1, want * tiles / std::max<int64_t>(1, all_tiles));
+    const int64_t col_chunks = std::max<int64_t>(1, std::min(tiles, share / token_blocks));
+    for (int64_t tb = 0; tb < token_blocks; ++tb) {
+      const int64_t m0 = tb * kTokenBlock, m1 = std::min(num_tokens, m0 + kTokenBlock);
+      for (int64_t c = 0; c < col_chunks; ++c) {
+        const int64_t n0 = first + tiles * c / col_chunks * detail::kLinearNR;
+        const int64_t n1 = first + std::min(rows, tiles * (c + 1) / col_chunks * detail::kLinearNR);
+        if (n0 < n1) items.push_back(Item{p, m0, m1, n0, n1});
+      }
+    }
+    first += rows;
+  }
   auto item = [&](int64_t i) {
     thread_local std::vector<float> scratch;  // kLinearNR rows (bf16 rows padded to 32)
     scratch.resize(static_cast<size_t>(detail::kLinearNR * (in_features + 32)));
-    const int64_t tb = i / col_chunks, c = i % col_chunks;
-    const int64_t m0 = tb * kTokenBlock, m1 = std::min(num_tokens, m0 + kTokenBlock);
-    const int64_t n0 = tiles * c / col_chunks * detail::kLinearNR;
-    const int64_t n1 = std::min(out_features, tiles * (c + 1) / col_chunks * detail::kLinearNR);
-    k.tile(args, m0, m1, n0, n1, scratch.data());
+    const Item& it = items[static_cast<size_t>(i)];
+    k.tile(args[static_cast<size_t>(it.part)], it.m0, it.m1, it.n0, it.n1, scratch.data());
   };
+  const int64_t n_items = static_cast<int64_t>(items.size());
   if (!parallel) {
-    for (int64_t i = 0; i < items; ++i) item(i);
+    for (int64_t i = 0; i < n_items; ++i) item(i);
   } else {
-    pool.parallel_for(items, item);
+    pool.parallel_for(n_items, item);
   }
+}
+
+void run_one(const detail::LinearKernels& k, void* out, DType out_dtype, const void* x,
+             DType x_dtype, const void* weight, WeightFormat format, const void* bias,
+             int64_t num_tokens, int64_t out_features, int64_t in_features,
+             bool batch_invariant) {
+  if (out_features <= 0) fail("out_features must be > 0, got " + std::to_string(out_features));
+  const WeightPart part{weight, format, out_features};
+  run(k, out, out_dtype, x, x_dtype, &part, 1, bias, num_tokens, in_features, batch_invariant);
 }
 
 }  // namespace
@@ -219,16 +275,23 @@ int64_t weight_row_bytes(WeightFormat format, int64_t in_features) {
 void linear(void* out, DType out_dtype, const void* x, DType x_dtype, const void* weight,
             WeightFormat format, const void* bias, int64_t num_tokens, int64_t out_features,
             int64_t in_features, bool batch_invariant) {
-  run(default_kernels(), out, out_dtype, x, x_dtype, weight, format, bias, num_tokens,
-      out_features, in_features, batch_invariant);
+  run_one(default_kernels(), out, out_dtype, x, x_dtype, weight, format, bias, num_tokens,
+          out_features, in_features, batch_invariant);
+}
+
+void linear_parts(void* out, DType out_dtype, const void* x, DType x_dtype,
+                  const WeightPart* parts, int64_t num_parts, const void* bias,
+                  int64_t num_tokens, int64_t in_features, bool batch_invariant) {
+  run(default_kernels(), out, out_dtype, x, x_dtype, parts, num_parts, bias, num_tokens,
+      in_features, batch_invariant);
 }
 
 void linear_isa_variant(const char* isa, void* out, DType out_dtype, const void* x,
                         DType x_dtype, const void* weight, WeightFormat format, const void* bias,
                         int64_t num_tokens, int64_t out_features, int64_t in_features,
                         bool batch_invariant) {
-  run(kernels_for(isa ? isa : ""), out, out_dtype, x, x_dtype, weight, format, bias, num_tokens,
-      out_features, in_features, batch_invariant);
+  run_one(kernels_for(isa ? isa : ""), out, out_dtype, x, x_dtype, weight, format, bias,
+          num_tokens, out_features, in_features, batch_invariant);
 }
 
 void dequantize_rows(float* out, const void* weight, WeightFormat format, int64_t num_rows,

@@ -538,6 +538,13 @@ def _linear_ptr(
     writing for bad sizes or an unavailable variant. Use
     :func:`paternoster.kernels.linear` instead."""
 
+def _linear_parts_ptr(out: int, out_dtype: DType, x: int, x_dtype: DType,
+                      parts: list[tuple[int, WeightFormat, int]], bias: int, num_tokens: int,
+                      in_features: int, batch_invariant: bool = False) -> None:
+    """out = x W^T (+ bias) with W the rows of ``parts`` [(data, format, rows)]
+    stacked (paternoster/linear.h: linear_parts). Releases the GIL. Use
+    :func:`paternoster.kernels.linear` instead."""
+
 def _dequantize_rows_ptr(out: int, weight: int, format: WeightFormat, num_rows: int,
                          in_features: int) -> None:
     """Rows of a weight in ``format`` -> float32 ``out [num_rows, in_features]``."""

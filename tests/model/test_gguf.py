@@ -11,7 +11,7 @@ import torch
 
 from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
-from paternoster.kernels import QuantizedWeight
+from paternoster.kernels import QuantizedWeight, WeightParts
 from paternoster.model.gguf import hf_name, load_gguf_config
 from paternoster.model.runner import ModelRunner
 
@@ -54,7 +54,9 @@ def test_quantized_gguf_logits_match_hf_on_dequantized_weights(tmp_path, fmt, ti
     weights = write_llama_gguf(hf, path, fmt)
     runner = _runner(path)
     qkv = runner.model.layers[0].self_attn.qkv_weight
-    assert isinstance(qkv, QuantizedWeight) and qkv.format == fmt  # kept quantized
+    # kept quantized, as the file's three tensors (v's bytes where they lie in the file)
+    assert isinstance(qkv, WeightParts) and qkv.format == "+".join([fmt] * 3)
+    assert qkv.parts[2].mapped and not qkv.parts[0].mapped  # q's rows un-permuted: a copy
     assert isinstance(runner.model.lm_head, QuantizedWeight)
     hf = _reference(hf, weights)
     tokens = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -82,20 +84,23 @@ def test_greedy_ids_match_hf_generate(tmp_path):
     assert list(out[0].outputs[0].token_ids) == ref[0, len(prompt):].tolist()
 
 
-def test_mixed_formats_in_a_fused_matrix_are_dequantized(tmp_path):
+def test_mixed_formats_in_a_fused_matrix_stay_quantized(tmp_path):
     """q and k in Q4_1, v in Q8_0 (llama.cpp's mixes do this): the fused qkv
-    matrix is dense, the others stay quantized, logits still match."""
+    matrix keeps each part in its own format, logits still match, through the
+    Python layers and the core's decoder stack alike."""
     hf = _hf_llama(3, True)
     path = tmp_path / "mixed.gguf"
     weights = write_llama_gguf(hf, path, "q4_1", layer_types={"self_attn.v_proj": "q8_0"})
     runner = _runner(path)
     layer = runner.model.layers[0]
-    assert isinstance(layer.self_attn.qkv_weight, torch.Tensor)
+    assert layer.self_attn.qkv_weight.format == "q4_1+q4_1+q8_0"
     assert isinstance(layer.mlp.down_weight, QuantizedWeight)
     hf = _reference(hf, weights)
     tokens = list(range(3, 30))
     ours = runner.compute_logits(BatchMaker(128, BLOCK_SIZE).batch([Chunk("a", tokens, 0, 27)]))
     assert (ours - hf_logits(hf, tokens)).abs().max() < 1e-4
+    ids, ref = greedy_matches_hf_generate(path, hf, kernels, [5, 9, 33, 2, 17], 8)
+    assert ids == ref
 
 
 def test_unsupported_types_and_architectures_are_refused(tmp_path):
@@ -205,8 +210,9 @@ def test_qwen3_moe_gguf_logits_match_hf(tmp_path, fmt):
     assert type(runner.model).__name__ == "Qwen3MoeForCausalLM"
     moe = runner.model.layers[0].mlp
     assert (moe.num_experts, moe.top_k, moe.inter) == (6, 2, 64)
-    assert isinstance(moe.gate_up_weight, QuantizedWeight)
-    assert isinstance(moe.down_weight, QuantizedWeight)
+    # every expert's matrices where they lie in the file's stacked tensors
+    assert isinstance(moe.gate_up_weight, WeightParts) and len(moe.gate_up_weight.parts) == 12
+    assert all(p.mapped for p in moe.down_weight.parts)
     tokens = list(range(3, 40))
     ours = runner.compute_logits(BatchMaker(128, BLOCK_SIZE).batch([Chunk("a", tokens, 0, 37)]))
     assert (ours - hf_logits(hf, tokens)).abs().max() < 1e-4

@@ -23,10 +23,13 @@
 
 namespace paternoster {
 
+// A projection's weight: one matrix (data, format), or, when `parts` is not
+// empty, its row blocks stored apart (linear_parts; data and format unused).
 struct DecoderWeight {
   const void* data = nullptr;
   WeightFormat format = WeightFormat::kFloat32;
   const void* bias = nullptr;
+  std::vector<WeightPart> parts;
 };
 
 struct DecoderLayer {

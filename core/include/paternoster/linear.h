@@ -72,6 +72,25 @@ void linear(void* out, DType out_dtype, const void* x, DType x_dtype, const void
             WeightFormat format, const void* bias, int64_t num_tokens, int64_t out_features,
             int64_t in_features, bool batch_invariant = false);
 
+// A block of a weight's rows stored on its own, in its own format: a fused
+// projection (q/k/v, gate/up) whose parts a GGUF file keeps apart, maybe in
+// different types (Q4_K_M stores some v projections as Q6_K), used where they
+// lie rather than copied together.
+struct WeightPart {
+  const void* data = nullptr;  // rows x weight_row_bytes(format, in_features) bytes
+  WeightFormat format = WeightFormat::kFloat32;
+  int64_t rows = 0;            // > 0
+};
+
+// linear() with W the rows of `parts` one after another (out_features = the
+// sum of their rows): each part's columns of out come from its own format,
+// the bias stays one [out_features] vector, and the results are those of
+// linear() on the stacked rows of each part's format. Calls of quantized
+// parts within i8_max_tokens take the 8-bit path for those parts only.
+void linear_parts(void* out, DType out_dtype, const void* x, DType x_dtype,
+                  const WeightPart* parts, int64_t num_parts, const void* bias,
+                  int64_t num_tokens, int64_t in_features, bool batch_invariant = false);
+
 // Dequantizes rows [0, num_rows) of a weight in `format` into float32
 // out [num_rows, in_features] (the values the linear kernel multiplies by).
 void dequantize_rows(float* out, const void* weight, WeightFormat format, int64_t num_rows,

@@ -59,7 +59,7 @@ from paternoster.kernels.elementwise import (
 )
 from paternoster.kernels.emulation import cuda_emulation_available, emulated_cuda_backend
 from paternoster.kernels.linear import linear
-from paternoster.kernels.quant import QUANT_FORMATS, QuantizedWeight
+from paternoster.kernels.quant import QUANT_FORMATS, QuantizedWeight, WeightParts
 
 __all__ = [
     "Backend",
@@ -70,6 +70,7 @@ __all__ = [
     "QUANT_FORMATS",
     "QuantizedWeight",
     "StackLayer",
+    "WeightParts",
     "alloc_decode_workspace",
     "core_runs_matmuls",
     "backend_for",

@@ -30,7 +30,7 @@ from paternoster.kernels.checks import (
     check_sinks,
     check_slots,
 )
-from paternoster.kernels.quant import QuantizedWeight
+from paternoster.kernels.quant import QuantizedWeight, WeightParts
 
 
 class Backend:
@@ -148,7 +148,7 @@ class Backend:
         if invariant:
             raise ValueError(f"batch-invariant linear layers need the CPU kernels; "
                              f"{x.device.type} has none")
-        if isinstance(weight, QuantizedWeight):
+        if isinstance(weight, QuantizedWeight | WeightParts):
             weight = weight.dequantize(x.dtype)
         y = F.linear(x, weight, bias)
         return y if out_dtype is None else y.to(out_dtype)

@@ -30,7 +30,7 @@ from paternoster.kernels.checks import (
     check_weight,
     kernel_dtype,
 )
-from paternoster.kernels.quant import QUANT_FORMATS, QuantizedWeight
+from paternoster.kernels.quant import QUANT_FORMATS, QuantizedWeight, WeightParts
 
 CPU_DTYPES = {torch.float32: _core.DType.float32, torch.bfloat16: _core.DType.bfloat16}
 
@@ -239,7 +239,7 @@ class CpuBackend(Backend):
                                     cos_sin_cache.data_ptr(), t, hq, hkv, head_size, q_stride,
                                     k_stride, max_pos, bool(is_neox), dtype)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight,
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | QuantizedWeight | WeightParts,
                bias: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None,
                invariant: bool = False) -> torch.Tensor:
         """The core's GEMV/GEMM (see :func:`paternoster.kernels.linear`); dense
@@ -254,11 +254,16 @@ class CpuBackend(Backend):
         out_dtype = x.dtype if out_dtype is None else out_dtype
         if out_dtype not in CPU_DTYPES:
             raise ValueError(f"out_dtype must be float32 or bfloat16, got {out_dtype}")
-        if isinstance(weight, QuantizedWeight):
+        parts = None
+        if isinstance(weight, QuantizedWeight | WeightParts):
             if weight.device != x.device:
                 raise ValueError(f"weight is on {weight.device}, expected {x.device}")
             n, wk = weight.shape
-            fmt, data = WEIGHT_FORMATS[weight.format], weight.data
+            if isinstance(weight, WeightParts):
+                parts = [(p.data.data_ptr(), WEIGHT_FORMATS[p.format], p.shape[0])
+                         for p in weight.parts]
+            else:
+                fmt, data = WEIGHT_FORMATS[weight.format], weight.data
         else:
             n, wk = check_tensor(weight, "weight", 2, x.dtype, x.device)
             # torch's bfloat16 GEMM rounds its output: a float32 result of
@@ -272,6 +277,12 @@ class CpuBackend(Backend):
         if bias is not None and tuple(check_tensor(bias, "bias", 1, x.dtype, x.device)) != (n,):
             raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
         out = torch.empty((t, n), dtype=out_dtype)
+        if parts is not None:
+            _core._linear_parts_ptr(out.data_ptr(), CPU_DTYPES[out_dtype], x.data_ptr(),
+                                    CPU_DTYPES[x.dtype], parts,
+                                    0 if bias is None else bias.data_ptr(), t, k,
+                                    batch_invariant=invariant)
+            return out
         _core._linear_ptr(out.data_ptr(), CPU_DTYPES[out_dtype], x.data_ptr(), CPU_DTYPES[x.dtype],
                           data.data_ptr(), fmt, 0 if bias is None else bias.data_ptr(), t, n, k,
                           batch_invariant=invariant)

@@ -14,9 +14,9 @@ import torch
 from paternoster import _core
 from paternoster.kernels.checks import check_tensor
 from paternoster.kernels.cpu import CPU_DTYPES, WEIGHT_FORMATS
-from paternoster.kernels.quant import QuantizedWeight
+from paternoster.kernels.quant import QuantizedWeight, WeightParts
 
-Weight = torch.Tensor | QuantizedWeight
+Weight = torch.Tensor | QuantizedWeight | WeightParts
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,14 @@ class CpuDecoderStack:
     @staticmethod
     def _fields(layer: StackLayer, dtype: torch.dtype) -> list[int]:
         fields = [layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr()]
-        for weight, bias in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            if isinstance(weight, QuantizedWeight):
+        stored_apart: list[int] = []  # after the 20 fields: slot, count, (data, format, rows)*
+        for slot, (weight, bias) in enumerate((layer.qkv, layer.o, layer.gate_up, layer.down)):
+            if isinstance(weight, WeightParts):
+                stored_apart += [slot, len(weight.parts)]
+                for p in weight.parts:
+                    stored_apart += [p.data.data_ptr(), int(WEIGHT_FORMATS[p.format]), p.shape[0]]
+                fields += [0, 0]
+            elif isinstance(weight, QuantizedWeight):
                 fields += [weight.data.data_ptr(), int(WEIGHT_FORMATS[weight.format])]
             else:
                 check_tensor(weight, "weight", 2, dtype)
@@ -117,7 +123,7 @@ class CpuDecoderStack:
             fields.append(0 if norm is None else norm.data_ptr())
         fields.append(int(layer.use_rope))
         fields.append(int(layer.sliding_window))
-        return fields
+        return fields + stored_apart
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor,

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 
 from paternoster.kernels.dispatch import backend_for
-from paternoster.kernels.quant import QuantizedWeight
+from paternoster.kernels.quant import QuantizedWeight, WeightParts
 
-Weight = torch.Tensor | QuantizedWeight
+Weight = torch.Tensor | QuantizedWeight | WeightParts
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None, *,

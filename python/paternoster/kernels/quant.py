@@ -53,6 +53,9 @@ class QuantizedWeight:
             bytes]``, contiguous: each row the GGUF blocks of one output feature.
         format: one of :data:`QUANT_FORMATS`.
         in_features: K, a multiple of the format's block (:data:`BLOCK_VALUES`).
+        mapped: ``data`` views a memory-mapped file (a GGUF file served as it
+            lies): the huge-page arena leaves it there rather than copy it
+            (:mod:`paternoster.model.huge_pages`).
 
     Raises:
         ValueError: unknown format, ``in_features`` not a positive multiple of
@@ -63,6 +66,7 @@ class QuantizedWeight:
     data: torch.Tensor
     format: str
     in_features: int
+    mapped: bool = False
 
     def __post_init__(self) -> None:
         if self.format not in BLOCK_BYTES:
@@ -96,7 +100,7 @@ class QuantizedWeight:
     def rows(self, start: int, count: int) -> QuantizedWeight:
         """Rows ``[start, start + count)`` as a new weight (a copy)."""
         return QuantizedWeight(self.data[start:start + count].contiguous(), self.format,
-                               self.in_features)
+                               self.in_features)  # a copy: no longer the file's bytes
 
     def __getitem__(self, rows: slice) -> QuantizedWeight:
         """Rows ``weight[a:b]`` as a weight viewing the same bytes (rows are
@@ -108,7 +112,7 @@ class QuantizedWeight:
         """
         if not isinstance(rows, slice) or rows.step not in (None, 1):
             raise TypeError(f"a QuantizedWeight takes row slices with step 1, got {rows!r}")
-        return QuantizedWeight(self.data[rows], self.format, self.in_features)
+        return QuantizedWeight(self.data[rows], self.format, self.in_features, self.mapped)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The values, ``[out_features, in_features]`` in ``dtype``
@@ -116,26 +120,92 @@ class QuantizedWeight:
         return dequantize_torch(self.data, self.format, self.in_features).to(dtype)
 
 
-def cat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
-    """Stack weights of one format and width along the output features.
+@dataclass(frozen=True)
+class WeightParts:
+    """A weight ``[out_features, in_features]`` kept as row blocks stored
+    apart, each a :class:`QuantizedWeight` in its own format: a fused
+    projection (q/k/v, gate/up) whose parts a GGUF file holds as separate
+    tensors, used where they lie (no copy out of the file's mapping) and in
+    whatever types they have (Q4_K_M stores some v projections as Q6_K). The
+    CPU kernels compute every part's columns from its own bytes
+    (``linear_parts`` in ``paternoster/linear.h``).
+
+    Attributes:
+        parts: the row blocks, top to bottom.
 
     Raises:
-        ValueError: the parts differ in format or ``in_features``, or none given.
+        ValueError: no parts, or parts with different ``in_features`` or devices.
     """
-    if not parts:
-        raise ValueError("cat_rows needs at least one weight")
-    first = parts[0]
-    if any(p.format != first.format or p.in_features != first.in_features for p in parts):
-        raise ValueError("cat_rows: all parts need one format and in_features, got "
-                         f"{[(p.format, p.in_features) for p in parts]}")
-    return QuantizedWeight(torch.cat([p.data for p in parts]).contiguous(), first.format,
-                           first.in_features)
+
+    parts: tuple[QuantizedWeight, ...]
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise ValueError("WeightParts needs at least one part")
+        first = self.parts[0]
+        if any(p.in_features != first.in_features or p.device != first.device
+               for p in self.parts):
+            raise ValueError("WeightParts: all parts need one in_features and device, got "
+                             f"{[(p.in_features, str(p.device)) for p in self.parts]}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The logical ``(out_features, in_features)``."""
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].in_features)
+
+    @property
+    def in_features(self) -> int:
+        """K."""
+        return self.parts[0].in_features
+
+    @property
+    def device(self) -> torch.device:
+        """Where the bytes are."""
+        return self.parts[0].device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all parts."""
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def format(self) -> str:
+        """The parts' formats joined by ``+`` in row order, e.g. ``q4_k+q4_k+q6_k``."""
+        return "+".join(p.format for p in self.parts)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The values, ``[out_features, in_features]`` in ``dtype``."""
+        return torch.cat([p.dequantize(dtype) for p in self.parts])
+
+    def __getitem__(self, rows: slice) -> QuantizedWeight | WeightParts:
+        """Rows ``weight[a:b]`` viewing the same bytes: one part's rows as a
+        :class:`QuantizedWeight`, rows across parts as :class:`WeightParts`
+        (an MoE layer's expert ``e`` out of its stacked experts).
+
+        Raises:
+            TypeError: anything but a row slice with step 1.
+            ValueError: an empty range.
+        """
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError(f"WeightParts takes row slices with step 1, got {rows!r}")
+        start, stop, _ = rows.indices(self.shape[0])
+        picked, at = [], 0
+        for p in self.parts:
+            n = p.shape[0]
+            lo, hi = max(start, at), min(stop, at + n)
+            if lo < hi:
+                picked.append(p[lo - at:hi - at])
+            at += n
+        if not picked:
+            raise ValueError(f"rows {rows!r} of a {self.shape[0]}-row weight are empty")
+        return picked[0] if len(picked) == 1 else WeightParts(tuple(picked))
 
 
 def dequantize_torch(data: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
     """Dequantization of GGUF blocks to float32, on ``data``'s device: in
-    torch for :data:`TORCH_FORMATS`; the other formats by the ``gguf``
-    package's numpy reference on the CPU, the result moved back.
+    torch for :data:`TORCH_FORMATS`; the other formats by the core's decoder
+    on the CPU, or elsewhere by the ``gguf`` package's numpy reference, the
+    result moved back.
 
     Args:
         data: uint8 ``[rows, in_features // block values * BLOCK_BYTES[fmt]]``.
@@ -149,6 +219,14 @@ def dequantize_torch(data: torch.Tensor, fmt: str, in_features: int) -> torch.Te
     if fmt not in BLOCK_BYTES:
         raise ValueError(f"format must be one of {QUANT_FORMATS}, got {fmt!r}")
     if fmt not in TORCH_FORMATS:
+        if data.device.type == "cpu":  # the core's decoder (tests hold it to gguf-py's)
+            from paternoster import _core
+
+            out = torch.empty(data.shape[0], in_features)
+            _core._dequantize_rows_ptr(out.data_ptr(), data.contiguous().data_ptr(),
+                                       getattr(_core.WeightFormat, fmt), data.shape[0],
+                                       in_features)
+            return out
         from gguf import GGMLQuantizationType, quants
 
         values = quants.dequantize(data.cpu().numpy(), GGMLQuantizationType[fmt.upper()])

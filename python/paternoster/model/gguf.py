@@ -1,16 +1,27 @@
 """Serve a GGUF file directly: its config and weights, quantized weights kept
-quantized.
+quantized where they lie in the file.
 
 The config (and, in the frontend, the tokenizer and chat template) come from
 the file's metadata through transformers' GGUF support; the tensors are read
-with the ``gguf`` package (memory-mapped), renamed to HF's names and handed to
-the model's ``load_weights``:
+with the ``gguf`` package, renamed to HF's names and handed to the model's
+``load_weights``:
 
-- F32, F16, BF16 tensors: dense, cast to the model dtype;
-- Q8_0, Q4_0, Q4_1 tensors: kept as their GGUF blocks
-  (:class:`~paternoster.kernels.QuantizedWeight`), computed with directly by
-  the CPU kernels (dequantized at load on CUDA, which has no such kernels);
-- anything else is refused, naming the tensor, its type and the supported ones.
+- F32, F16, BF16 tensors: dense, cast to the model dtype (copied: norms,
+  and the matrices of an unquantized file);
+- the types of :data:`QUANTIZED_TYPES` (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q5_1,
+  Q4_0, Q4_1, IQ4_NL, IQ4_XS, MXFP4): kept as their GGUF blocks
+  (:class:`~paternoster.kernels.QuantizedWeight`) *in the file's memory
+  mapping* (copy-on-write, never written): no converted copy on disk, no
+  second copy in RAM; computed with directly by the CPU kernels (dequantized
+  at load on CUDA, which has no such kernels);
+- the other quantized types (Q2_K, Q3_K, the IQ1-IQ3 family, TQ1_0, TQ2_0,
+  NVFP4): dequantized at load to bfloat16 by gguf-py's reference, named in one
+  log line;
+- a type this ``gguf`` package does not know: refused when the file is
+  opened, naming the file.
+
+The mapping lives as long as the model: the file must not be truncated or
+rewritten while it is served (as with llama.cpp's mmap).
 
 llama.cpp's converter permutes the rows of the q and k projections of Llama
 models (its RoPE pairs adjacent dimensions, HF's pairs halves); the rows are
@@ -23,18 +34,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import logging
+
 import numpy as np
 import torch
 
 from paternoster.kernels.quant import QuantizedWeight
 
+logger = logging.getLogger(__name__)
+
 #: GGUF ``general.architecture`` values served, and the HF class they load as.
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                       "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
 #: GGUF tensor types kept quantized, by our format name.
-QUANTIZED_TYPES = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
+QUANTIZED_TYPES = {t: t.lower() for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL",
+                                          "MXFP4", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")}
 #: GGUF tensor types loaded dense.
 DENSE_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+#: GGUF tensor types dequantized at load (to bfloat16): no kernel keeps them.
+DEQUANTIZED_TYPES = ("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+                     "IQ3_S", "TQ1_0", "TQ2_0", "NVFP4")
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -133,56 +152,77 @@ def gguf_weights(path: str | Path,
     Yields:
         (HF name, dense tensor or :class:`QuantizedWeight`), rows in HF order.
     Raises:
-        ValueError: a tensor type outside :data:`QUANTIZED_TYPES` and
-            :data:`DENSE_TYPES` (naming the tensor and listing them).
+        ValueError: a tensor type outside :data:`QUANTIZED_TYPES`,
+            :data:`DENSE_TYPES` and :data:`DEQUANTIZED_TYPES` (naming the
+            tensor and listing them).
     """
     reader = _reader(path)
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     llama = _architecture(reader, path) == "llama"
+    dequantized: dict[str, int] = {}
     for t in reader.tensors:
         expert = _expert_tensor(t.name)
         name = hf_name(t.name)
         if name is None and expert is None:
             continue
         weight = _tensor(t, path)
+        if t.tensor_type.name in DEQUANTIZED_TYPES:
+            dequantized[t.tensor_type.name] = dequantized.get(t.tensor_type.name, 0) + 1
         if expert is not None:
             # GGML order (K, rows, E): expert e's matrix is rows [e * rows, (e + 1) * rows).
             layer, proj = expert
             rows = int(t.shape[1])
             for e in range(int(t.shape[2])):
-                part = (weight.rows(e * rows, rows) if isinstance(weight, QuantizedWeight)
+                part = (weight[e * rows:(e + 1) * rows] if isinstance(weight, QuantizedWeight)
                         else weight[e])
                 yield f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", part
             continue
         if llama and name.endswith(("q_proj.weight", "k_proj.weight")):
             weight = unpermute_rows(weight, heads if "q_proj" in name else kv_heads)
         yield name, weight
+    if dequantized:
+        logger.info("%s: dequantized %s to bfloat16 at load (no kernel keeps these types "
+                    "quantized; kept quantized: %s)", Path(path).name,
+                    ", ".join(f"{n} {k} tensors" for k, n in sorted(dequantized.items())),
+                    ", ".join(QUANTIZED_TYPES))
 
 
 def _tensor(t, path: str | Path) -> torch.Tensor | QuantizedWeight:
-    """One GGUF tensor: quantized rows (stacked experts' rows back to back) or a
-    dense tensor in HF's dimension order (a copy in memory: the file may change
-    or go while we serve).
+    """One GGUF tensor: quantized rows viewing the file's mapping (stacked
+    experts' rows back to back), or a dense tensor in HF's dimension order
+    (a view of the mapping, for the model to copy; dequantized types: a new
+    bfloat16 tensor).
 
     Raises:
-        ValueError: a type outside :data:`QUANTIZED_TYPES` / :data:`DENSE_TYPES`.
+        ValueError: a type outside :data:`QUANTIZED_TYPES`, :data:`DENSE_TYPES`
+            and :data:`DEQUANTIZED_TYPES`, or a quantized tensor whose rows do
+            not hold whole blocks (naming the file, tensor and type).
     """
     kind = t.tensor_type.name
+    shape = [int(d) for d in reversed(t.shape)]  # HF order: [..., rows, in_features]
     if kind in QUANTIZED_TYPES:
-        data = torch.from_numpy(np.array(t.data))
-        return QuantizedWeight(data.reshape(-1, data.shape[-1]).contiguous(),
-                               QUANTIZED_TYPES[kind], int(t.shape[0]))
+        data = torch.from_numpy(t.data)
+        try:
+            return QuantizedWeight(data.reshape(-1, data.shape[-1]), QUANTIZED_TYPES[kind],
+                                   shape[-1], mapped=True)
+        except ValueError as e:
+            raise ValueError(f"{path}: tensor {t.name} ({kind}, shape {shape}): {e}") from e
     if kind in DENSE_TYPES:
-        array = np.array(t.data)
+        array = t.data
         if kind == "BF16":
             weight = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         else:
             weight = torch.from_numpy(array)
-        return weight.reshape([int(d) for d in reversed(t.shape)])
+        return weight.reshape(shape)
+    if kind in DEQUANTIZED_TYPES:
+        from gguf import quants
+
+        values = quants.dequantize(t.data, t.tensor_type)
+        return torch.from_numpy(values).to(torch.bfloat16).reshape(shape)
     raise ValueError(
         f"{path}: tensor {t.name} has GGUF type {kind}, which is not supported; "
-        f"supported: {', '.join([*QUANTIZED_TYPES, *DENSE_TYPES])}")
+        f"supported: {', '.join([*QUANTIZED_TYPES, *DENSE_TYPES, *DEQUANTIZED_TYPES])}")
 
 
 def _expert_tensor(gguf_name: str) -> tuple[str, str] | None:
@@ -240,7 +280,9 @@ def _reader(path: str | Path):
     if not Path(path).is_file():
         raise ValueError(f"{path}: no such GGUF file")
     try:
-        return GGUFReader(str(path), "r")
+        # Copy-on-write: writable arrays for torch, pages shared with the
+        # page cache until written (we never write them).
+        return GGUFReader(str(path), "c")
     except Exception as e:  # noqa: BLE001 - the reader fails in many ways on a cut file
         raise ValueError(f"{path}: not a readable GGUF file, truncated or corrupt? "
                          f"({type(e).__name__}: {e})") from e

@@ -93,16 +93,19 @@ class Placement:
 
 def _weights(model: nn.Module) -> list[tuple[object, str, torch.Tensor]]:
     """(owner, attribute, tensor) of every CPU parameter and kept-quantized
-    weight of at least :data:`MIN_BYTES`, contiguous."""
-    from paternoster.kernels.quant import QuantizedWeight
+    weight of at least :data:`MIN_BYTES`, contiguous; quantized weights that
+    view a mapped file (a GGUF file) stay where they are: copying them would
+    hold the file twice in memory."""
+    from paternoster.kernels.quant import QuantizedWeight, WeightParts
 
     out = []
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
             out.append((module, name, p))
         for value in vars(module).values():
-            if isinstance(value, QuantizedWeight):
-                out.append((value, "data", value.data))
+            parts = value.parts if isinstance(value, WeightParts) else (value,)
+            out += [(p, "data", p.data) for p in parts
+                    if isinstance(p, QuantizedWeight) and not p.mapped]
     return [(o, a, t) for o, a, t in out
             if t.device.type == "cpu" and t.nbytes >= MIN_BYTES and t.is_contiguous()]
 

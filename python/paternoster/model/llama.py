@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paternoster import kernels
-from paternoster.kernels import QuantizedWeight
+from paternoster.kernels import QuantizedWeight, WeightParts
 from paternoster.model.attention import AttentionMetadata, AttentionOps, paged_attention_layer
 from paternoster.model.kv_layout import KVCacheLayout, layer_windows
 from paternoster.model.llama_weights import LlamaWeights, Weight
@@ -373,7 +373,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
     def _all_quantized(self) -> bool:
         if getattr(self, "_quantized_layers", None) is None:
             self._quantized_layers = all(
-                isinstance(w, QuantizedWeight) for layer in self.layers
+                isinstance(w, QuantizedWeight | WeightParts) for layer in self.layers
                 for w in (layer.self_attn.qkv_weight, layer.self_attn.o_weight,
                           layer.mlp.gate_up_weight, layer.mlp.down_weight))
         return self._quantized_layers

@@ -14,11 +14,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from paternoster.kernels import QuantizedWeight
-from paternoster.kernels.quant import cat_rows
+from paternoster.kernels import QuantizedWeight, WeightParts
 from paternoster.model.moe import SparseMoeBlock
 
-Weight = torch.Tensor | QuantizedWeight
+Weight = torch.Tensor | QuantizedWeight | WeightParts
 
 logger = logging.getLogger(__name__)
 
@@ -147,14 +146,16 @@ class LlamaWeights:
 
     def _stack_quantized(self, owner: nn.Module, attr: str,
                          pieces: dict[int, tuple[str, QuantizedWeight]]) -> None:
-        """Fused parameter from quantized parts: stacked if one format covers
-        every row, else each part dequantized into the dense parameter."""
+        """Fused parameter from quantized parts: kept as the parts, where they
+        lie and in their own formats (:class:`~paternoster.kernels.WeightParts`),
+        when they cover every row; else (a fused parameter some of whose rows
+        came dense) each part dequantized into the dense parameter."""
         param = getattr(owner, attr)
         ordered = [pieces[s] for s in sorted(pieces)]
         weights = [w for _, w in ordered]
         rows = sum(w.shape[0] for w in weights)
-        if rows == param.shape[0] and len({w.format for w in weights}) == 1:
-            _replace(owner, attr, cat_rows(weights))
+        if rows == param.shape[0]:
+            _replace(owner, attr, WeightParts(tuple(weights)))
             return
         logger.info("%s: parts in formats %s dequantized to %s", attr,
                     sorted({w.format for w in weights}), self.dtype)
@@ -168,7 +169,7 @@ class LlamaWeights:
         count = 0
         for module in self.modules():
             for attr, value in list(vars(module).items()):
-                if isinstance(value, QuantizedWeight):
+                if isinstance(value, QuantizedWeight | WeightParts):
                     delattr(module, attr)
                     setattr(module, attr, nn.Parameter(value.dequantize(self.dtype),
                                                        requires_grad=False))
@@ -177,12 +178,12 @@ class LlamaWeights:
             _replace(self, "lm_head", self.embed_tokens)
         return count
 
-    def quantized_weights(self) -> list[QuantizedWeight]:
+    def quantized_weights(self) -> list[QuantizedWeight | WeightParts]:
         """The weights kept quantized (each once, the tied LM head included once)."""
-        found: dict[int, QuantizedWeight] = {}
+        found: dict[int, QuantizedWeight | WeightParts] = {}
         for module in self.modules():
             for value in vars(module).values():
-                if isinstance(value, QuantizedWeight):
+                if isinstance(value, QuantizedWeight | WeightParts):
                     found[id(value)] = value
         return list(found.values())
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 import torch
 
-from paternoster.kernels import QuantizedWeight
+from paternoster.kernels import QuantizedWeight, WeightParts
 from paternoster.model.llama import LlamaForCausalLM
 from paternoster.model.llama_weights import Weight
 from paternoster.model.rope import partial_rotation_order
@@ -75,6 +75,6 @@ def _reorder_qk_rows(attn, rot: int) -> None:
         param = getattr(attn, name)
         if param is None:
             continue
-        if isinstance(param, QuantizedWeight):
+        if isinstance(param, QuantizedWeight | WeightParts):
             raise ValueError("partial rotation needs dense q/k weights, got quantized ones")
         param.data[: rows.numel()] = param.data[rows.to(param.device)]
