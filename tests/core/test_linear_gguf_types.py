@@ -15,35 +15,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, quants
 
 from paternoster import _core, kernels
-from paternoster.kernels.quant import BLOCK_BYTES, BLOCK_VALUES, QuantizedWeight, dequantize_torch
+from paternoster.kernels.quant import QuantizedWeight, dequantize_torch
 from tests.core.test_linear import I8_MAX_TOKENS, _variant_linear, q8_activations
+from tests.model import gguf_writer
 
 #: The types kept quantized (beyond Q8_0 / Q4_0 / Q4_1, tested in test_linear.py).
 FORMATS = ["q5_0", "q5_1", "iq4_nl", "mxfp4", "q4_k", "q5_k", "q6_k", "iq4_xs"]
 
-#: Byte offsets of each format's float16 scale fields within a block.
-_FP16_FIELDS = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2),
-                "iq4_nl": (0,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
-                "iq4_xs": (0,)}
-
-
 def random_blocks(rows: int, k: int, fmt: str, seed: int) -> tuple[QuantizedWeight, torch.Tensor]:
     """A ``[rows, k]`` weight of random valid blocks, and gguf-py's
     dequantization of it (float64)."""
-    rng = np.random.default_rng(seed)
-    nb = k // BLOCK_VALUES[fmt]
-    blocks = rng.integers(0, 256, size=(rows, nb, BLOCK_BYTES[fmt]), dtype=np.uint8)
-    for off in _FP16_FIELDS.get(fmt, ()):
-        scale = (rng.uniform(0.5, 1.5, size=(rows, nb)) * 2e-3).astype(np.float16)
-        blocks[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, nb, 2)
-    if fmt == "mxfp4":  # E8M0 scales 2^-8 .. 2^-4 (halved: 2^(e - 128))
-        blocks[:, :, 0] = rng.integers(120, 125, size=(rows, nb), dtype=np.uint8)
-    data = blocks.reshape(rows, -1)
-    ref = quants.dequantize(data, GGMLQuantizationType[fmt.upper()]).astype(np.float64)
-    return QuantizedWeight(torch.from_numpy(data.copy()), fmt, k), torch.from_numpy(ref)
+    data, ref = gguf_writer.random_blocks(rows, k, fmt, seed)
+    return (QuantizedWeight(torch.from_numpy(data.copy()), fmt, k),
+            torch.from_numpy(ref.astype(np.float64)))
 
 
 @pytest.fixture(autouse=True)

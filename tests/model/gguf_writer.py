@@ -1,8 +1,10 @@
 """Write a GGUF file from an HF Llama model the way llama.cpp's converter does
 (``convert_hf_to_gguf.py``: metadata keys, tensor names, the q/k row
-permutation), quantizing matrices with the ``gguf`` package's own quantizer.
-The test reference is HF's model with gguf-py's dequantization of exactly the
-blocks written."""
+permutation), quantizing matrices with the ``gguf`` package's own quantizer;
+for the types it has no quantizer for (the K-quants, IQ4_NL, IQ4_XS) the
+matrices are random valid blocks of about the model's scale instead
+(:func:`random_blocks`). The test reference is HF's model with gguf-py's
+dequantization of exactly the blocks written."""
 
 from __future__ import annotations
 
@@ -14,7 +16,42 @@ from gguf import GGMLQuantizationType, GGUFWriter, quants
 
 QTYPES = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
           "q4_1": GGMLQuantizationType.Q4_1, "f32": GGMLQuantizationType.F32,
-          "f16": GGMLQuantizationType.F16}
+          "f16": GGMLQuantizationType.F16, "q5_0": GGMLQuantizationType.Q5_0,
+          "q5_1": GGMLQuantizationType.Q5_1, "mxfp4": GGMLQuantizationType.MXFP4,
+          "q4_k": GGMLQuantizationType.Q4_K, "q5_k": GGMLQuantizationType.Q5_K,
+          "q6_k": GGMLQuantizationType.Q6_K, "iq4_nl": GGMLQuantizationType.IQ4_NL,
+          "iq4_xs": GGMLQuantizationType.IQ4_XS, "q3_k": GGMLQuantizationType.Q3_K,
+          "q2_k": GGMLQuantizationType.Q2_K}
+#: Types gguf-py cannot quantize: written as random valid blocks.
+RANDOM_TYPES = ("q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs", "q3_k", "q2_k")
+
+#: Per type, byte offsets of its float16 scale fields in a block and their
+#: magnitude, so values come out about N(0, 0.02^2)'s size.
+_FP16_FIELDS = {"q8_0": ((0,), 2e-4), "q4_0": ((0,), 4e-3), "q4_1": ((0, 2), 4e-3),
+                "q5_0": ((0,), 2e-3), "q5_1": ((0, 2), 2e-3), "iq4_nl": ((0,), 4e-4),
+                "q4_k": ((0, 2), 1e-4), "q5_k": ((0, 2), 5e-5), "q6_k": ((208,), 2e-5),
+                "iq4_xs": ((0,), 2e-5), "q3_k": ((108,), 2e-4), "q2_k": ((80, 82), 2e-4)}
+
+
+def random_blocks(rows: int, k: int, fmt: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A ``[rows, k]`` matrix of random valid blocks of ``fmt`` (random bytes,
+    float16 scales set finite and small): its bytes ``[rows, row bytes]``
+    and gguf-py's dequantization of them (float32 ``[rows, k]``)."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    qtype = QTYPES[fmt]
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    nb = k // block
+    blocks = rng.integers(0, 256, size=(rows, nb, nbytes), dtype=np.uint8)
+    offsets, size = _FP16_FIELDS.get(fmt, ((), 0.0))
+    for off in offsets:
+        scale = (rng.uniform(0.5, 1.5, size=(rows, nb)) * size).astype(np.float16)
+        blocks[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, nb, 2)
+    if fmt == "mxfp4":  # E8M0 scales 2^-8 .. 2^-4 (halved: 2^(e - 128))
+        blocks[:, :, 0] = rng.integers(120, 125, size=(rows, nb), dtype=np.uint8)
+    data = blocks.reshape(rows, -1)
+    return data, quants.dequantize(data, qtype).astype(np.float32)
 
 _LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
           "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -109,6 +146,10 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
         elif qtype == GGMLQuantizationType.F32:
             data = array
             w.add_tensor(gguf_name, data)
+        elif kind in RANDOM_TYPES:
+            data, _ = random_blocks(array.shape[0], array.shape[1], kind,
+                                    seed=len(reference) + 1000 * array.shape[0])
+            w.add_tensor(gguf_name, data, raw_dtype=qtype)
         else:
             data = quants.quantize(array, qtype)
             w.add_tensor(gguf_name, data, raw_dtype=qtype)

@@ -31,10 +31,9 @@ move).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
-
-import logging
 
 import numpy as np
 import torch
