@@ -31,6 +31,7 @@ move).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,14 +275,43 @@ def _int_field(reader, key: str) -> int | None:
 
 
 def _reader(path: str | Path):
+    """The file's parsed header and tensor list (one parse per file per
+    process while the file is unchanged: a vocabulary of 150k strings takes
+    seconds to parse).
+
+    Raises:
+        ValueError: no such file, or not a readable GGUF file (naming it and
+            the reader's reason: a truncated file, an unknown tensor type).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{path}: no such GGUF file")
+    stat = p.stat()
+    return _cached_reader(str(p.resolve()), stat.st_size, stat.st_mtime_ns, str(path))
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_reader(resolved: str, size: int, mtime_ns: int, shown: str):
     from gguf import GGUFReader
 
-    if not Path(path).is_file():
-        raise ValueError(f"{path}: no such GGUF file")
+    class _Reader(GGUFReader):
+        """gguf-py's reader over a plain ndarray view of its memory map: the
+        same parse, ~4x faster (slicing a ``numpy.memmap`` runs Python-level
+        ``__array_finalize__`` for each of the millions of small reads a
+        vocabulary takes: 2.7 s -> 0.7 s for SmolLM2's 49k-token file)."""
+
+        @property
+        def data(self):
+            return self._plain
+
+        @data.setter
+        def data(self, value) -> None:
+            self._plain = value.view(np.ndarray)  # keeps the map alive (its base)
+
     try:
         # Copy-on-write: writable arrays for torch, pages shared with the
         # page cache until written (we never write them).
-        return GGUFReader(str(path), "c")
+        return _Reader(resolved, "c")
     except Exception as e:  # noqa: BLE001 - the reader fails in many ways on a cut file
-        raise ValueError(f"{path}: not a readable GGUF file, truncated or corrupt? "
+        raise ValueError(f"{shown}: not a readable GGUF file, truncated or corrupt? "
                          f"({type(e).__name__}: {e})") from e
