@@ -253,18 +253,22 @@ def batched_bench(
     gen_len: int,
     threads: int,
     timeout: float = 3600,
+    repack: bool = False,
 ) -> list[BatchedBenchRow]:
     """Run ``llama-batched-bench`` on ``model``: ``B`` sequences of ``prompt_len``
     prompt tokens each decoding ``gen_len`` tokens, for every ``B`` in ``batches``.
 
     Each sequence has its own prompt (no shared prefix, ``-pps`` off) and the
     context holds every sequence whole. ``-t`` and ``-tb`` are ``threads``.
+    ``repack``: llama.cpp's weight repacking (its AVX-512 / AMX interleaved
+    layouts) on; off by default (``--no-repack``): on the AMX Xeon VMs the
+    repacked path crashes (SIGSEGV on Q4_1/Q8_0, SIGILL on Q4_K_M).
     """
     ctx = max(batches) * (prompt_len + gen_len) + 16
     out = run_logged(
         [binary("llama-batched-bench"), "-m", model, "-c", ctx, "-b", 2048, "-ub", 512,
          "-npp", prompt_len, "-ntg", gen_len, "-npl", ",".join(map(str, batches)),
-         "-t", threads, "-tb", threads],
+         "-t", threads, "-tb", threads, *([] if repack else ["--no-repack"])],
         timeout,
     )  # fmt: skip
     return parse_batched_bench(out)

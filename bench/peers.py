@@ -182,27 +182,33 @@ def cmd_decode(args: argparse.Namespace) -> str:
 
     batches = args.batches
     gen_len = args.decode_warmup + args.decode_steps
+    if args.files:  # any GGUF files: both engines on each file itself
+        paths = {p.name: p for p in args.files}
+        args.weights, args.ours_quantized = list(paths), True
+    else:
+        paths = {kind: llamacpp.model_path(kind) for kind in args.weights}
     for kind in args.weights:
-        gguf = llamacpp.model_path(kind)
+        gguf = paths[kind]
         if not gguf.is_file():
             raise FileNotFoundError(f"{gguf} is missing: run `python bench/peers.py convert` first")
     engines: dict[str, tuple[Path, object]] = {}
     notes: dict[str, str] = {}
     for kind in args.weights:
-        if kind == "bf16":
+        if kind == "bf16" and not args.files:
             engines[kind] = (default_model_dir(), ours_engine(default_model_dir(), batches, args))
         elif not args.ours_quantized:
             notes[kind] = "not run (--ours-quantized)"
-        elif (llm := ours_quantized_engine(llamacpp.model_path(kind), batches, args)) is None:
+        elif (llm := ours_quantized_engine(paths[kind], batches, args)) is None:
             notes[kind] = "n/a (not supported yet)"
         else:
-            engines[kind] = (llamacpp.model_path(kind), llm)
+            engines[kind] = (paths[kind], llm)
     rounds = []
     for r in range(args.rounds):
         results: dict[str, dict] = {}
         for kind in args.weights:
             rows = llamacpp.batched_bench(
-                llamacpp.model_path(kind), batches, args.prompt_len, gen_len, args.threads
+                paths[kind], batches, args.prompt_len, gen_len, args.threads,
+                repack=args.llama_repack,
             )
             results[kind] = {"llama": {row.b: row for row in rows}}
             for row in rows:
@@ -323,6 +329,13 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--rounds", type=positive_int, default=1,
                    help="alternate the engines N times (default 1)")  # fmt: skip
+    g.add_argument("--files", type=lambda t: [Path(p) for p in t.split(",") if p],
+                   default=None,
+                   help="GGUF files, comma-separated: both engines on each (instead of "
+                        "--weights)")  # fmt: skip
+    g.add_argument("--llama-repack", action="store_true",
+                   help="llama.cpp's weight repacking on (default off: --no-repack; "
+                        "it crashes on the AMX Xeon VMs)")  # fmt: skip
     g.add_argument(
         "--ours-quantized",
         action="store_true",

@@ -148,6 +148,46 @@ void quantize_rows_q8(const void* x, DType dtype, int64_t M, int64_t K, std::vec
   }
 }
 
+// Rows x [M, K] quantized per 256 values (llama.cpp's quantize_row_q8_K, here
+// with the symmetric scale max|x| / 127 of quantize_rows_q8 so |xq| <= 127),
+// with each run of 32's integer sum, as detail::LinearArgs::x_q8k says.
+void quantize_rows_q8k(const void* x, DType dtype, int64_t M, int64_t K, std::vector<int8_t>& q,
+                       std::vector<float>& scale, std::vector<int32_t>& bsum) {
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = K / kBlock;
+  q.resize(static_cast<size_t>(M * K));
+  scale.resize(static_cast<size_t>(M * blocks));
+  bsum.resize(static_cast<size_t>(M * K / kQuantBlock));
+  float v[kBlock];
+  for (int64_t r = 0; r < M * blocks; ++r) {
+    const int64_t base = r * kBlock;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      if (dtype == DType::kFloat32) {
+        v[j] = static_cast<const float*>(x)[base + j];
+      } else {
+        const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(x)[base + j]) << 16;
+        std::memcpy(&v[j], &u, sizeof u);
+      }
+      amax = std::max(amax, std::fabs(v[j]));
+      finite = finite && std::isfinite(v[j]);
+    }
+    const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t run = 0; run < kBlock / kQuantBlock; ++run) {
+      int32_t total = 0;
+      for (int64_t j = run * kQuantBlock; j < (run + 1) * kQuantBlock; ++j) {
+        const int32_t qi = static_cast<int32_t>(std::nearbyint(v[j] * inv));
+        q[static_cast<size_t>(base + j)] = static_cast<int8_t>(qi);
+        total += qi;
+      }
+      bsum[static_cast<size_t>(base / kQuantBlock + run)] = total;
+    }
+    scale[static_cast<size_t>(r)] = d;
+  }
+}
+
 void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void* x,
          DType x_dtype, const WeightPart* parts, int64_t num_parts, const void* bias,
          int64_t num_tokens, int64_t in_features, bool batch_invariant) {
@@ -172,25 +212,41 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
     if (!parts[p].data) fail("out, x and weight must not be null");
   }
 
-  thread_local std::vector<float> x_buf, bias_buf, q8_scale, q8_sum;
-  thread_local std::vector<int8_t> q8;
+  thread_local std::vector<float> x_buf, bias_buf, q8_scale, q8_sum, q8k_scale;
+  thread_local std::vector<int8_t> q8, q8k;
+  thread_local std::vector<int32_t> q8k_bsum;
   const bool i8_call = any_quantized && !batch_invariant && num_tokens <= k.i8_max_tokens;
-  if (i8_call) quantize_rows_q8(x, x_dtype, num_tokens, in_features, q8, q8_scale, q8_sum);
+  // 32-value formats take x per 32 values, 256-value ones per 256 (x_q8k).
+  bool any_q8 = false, any_q8k = false;
+  for (int64_t p = 0; p < num_parts && i8_call; ++p) {
+    if (!is_quantized(parts[p].format)) continue;
+    (detail::format_block_values(parts[p].format) > kQuantBlock ? any_q8k : any_q8) = true;
+  }
+  if (any_q8) quantize_rows_q8(x, x_dtype, num_tokens, in_features, q8, q8_scale, q8_sum);
+  if (any_q8k) quantize_rows_q8k(x, x_dtype, num_tokens, in_features, q8k, q8k_scale, q8k_bsum);
   // Per part: quantized parts of an 8-bit call take x_q8; else bfloat16 x goes
   // into bfloat16 dot products as is (float32 weights excepted); else float32 x.
   std::vector<detail::LinearArgs> args;
   args.reserve(static_cast<size_t>(num_parts));
   for (int64_t p = 0; p < num_parts; ++p) {
     const bool i8 = i8_call && is_quantized(parts[p].format);
+    const bool per256 = i8 && detail::format_block_values(parts[p].format) > kQuantBlock;
+    const bool per32 = i8 && !per256;
     const bool dot = !i8 && k.bf16_dot && x_dtype == DType::kBFloat16 &&
                      parts[p].format != WeightFormat::kFloat32;
     any_float = any_float || (!i8 && !dot);
-    args.push_back(detail::LinearArgs{out, out_dtype, nullptr,
-                                      dot ? static_cast<const uint16_t*>(x) : nullptr,
-                                      i8 ? q8.data() : nullptr, i8 ? q8_scale.data() : nullptr,
-                                      i8 ? q8_sum.data() : nullptr, nullptr, parts[p].format,
-                                      weight_row_bytes(parts[p].format, in_features), nullptr,
-                                      num_tokens, out_features, in_features});
+    detail::LinearArgs a{out, out_dtype, nullptr,
+                         dot ? static_cast<const uint16_t*>(x) : nullptr,
+                         per32 ? q8.data() : nullptr, per32 ? q8_scale.data() : nullptr,
+                         per32 ? q8_sum.data() : nullptr, nullptr, parts[p].format,
+                         weight_row_bytes(parts[p].format, in_features), nullptr,
+                         num_tokens, out_features, in_features};
+    if (per256) {
+      a.x_q8k = q8k.data();
+      a.x_q8k_scale = q8k_scale.data();
+      a.x_q8k_bsum = q8k_bsum.data();
+    }
+    args.push_back(a);
   }
   const float* x_float = any_float ? as_float(x, x_dtype, num_tokens * in_features, x_buf) : nullptr;
   const float* bias_float = bias ? as_float(bias, x_dtype, out_features, bias_buf) : nullptr;
@@ -199,7 +255,7 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
   int64_t first = 0;
   for (int64_t p = 0; p < num_parts; ++p) {
     detail::LinearArgs& a = args[static_cast<size_t>(p)];
-    if (!a.x_bf16 && !a.x_q8) a.x = x_float;
+    if (!a.x_bf16 && !a.x_q8 && !a.x_q8k) a.x = x_float;
     a.bias = bias_float;
     a.weight = static_cast<const uint8_t*>(parts[p].data) - first * a.row_bytes;
     first += parts[p].rows;

@@ -29,6 +29,13 @@ struct LinearArgs {
   int64_t row_bytes;    // bytes per weight row
   const float* bias;    // [N] or null
   int64_t M, N, K;
+  // The 256-value formats (Q4_K, Q5_K, Q6_K, IQ4_XS) on the 8-bit path take x
+  // quantized per 256 values instead (llama.cpp's Q8_K): x[m, k] ~
+  // x_q8k_scale[m, k / 256] * x_q8k[m, k], and x_q8k_bsum[m, r] the sum of
+  // run r's 32 values of x_q8k (x_q8 null then).
+  const int8_t* x_q8k = nullptr;        // [M, K]
+  const float* x_q8k_scale = nullptr;   // [M, K / 256]
+  const int32_t* x_q8k_bsum = nullptr;  // [M, K / 32]
 };
 
 // Weight rows a tile kernel dequantizes at a time (its scratch: kLinearNR * K floats).

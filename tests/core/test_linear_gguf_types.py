@@ -32,6 +32,21 @@ def random_blocks(rows: int, k: int, fmt: str, seed: int) -> tuple[QuantizedWeig
             torch.from_numpy(ref.astype(np.float64)))
 
 
+def q8k_activations(x: torch.Tensor) -> torch.Tensor:
+    """x ``[T, K]`` quantized per 256 values, as llama.cpp quantizes the
+    activations that meet its K-quant blocks (Q8_K: one scale per 256; here
+    the symmetric ``max|x| / 127`` of its 32-value Q8 rows), dequantized,
+    float64."""
+    blocks = x.float().numpy().reshape(x.shape[0], -1, 256)
+    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    return torch.from_numpy((np.rint(blocks * inv).astype(np.float64) * d).reshape(x.shape))
+
+
+#: The formats of 256-value blocks, whose activations go per 256 values.
+PER_256 = ("q4_k", "q5_k", "q6_k", "iq4_xs")
+
+
 @pytest.fixture(autouse=True)
 def _two_threads():
     old = kernels.get_num_threads()
@@ -74,7 +89,9 @@ def test_float_path_matches_gguf_dequantized(fmt, dtype):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_8bit_activation_path_matches_gguf_dequantized(fmt):
     """Decode-sized calls on the x86 variants: llama.cpp's 8-bit activations
-    times gguf-py's values within float32 summation error, within llama.cpp's
+    (per 32 values, per 256 for the K-quants and IQ4_XS, whose integer sums
+    add across a block's runs as in ggml's vec_dot_q4_K_q8_K) times gguf-py's
+    values within float32 summation error, within llama.cpp's
     NMSE bound of the exact product, the same bits on every variant; larger
     calls take the float path bit for bit."""
     k = 512
@@ -82,7 +99,7 @@ def test_8bit_activation_path_matches_gguf_dequantized(fmt):
     for t in (1, 3, 8, 9):
         x = torch.randn(t, k).bfloat16()
         exact = x.double() @ ref_w.T
-        ref = q8_activations(x) @ ref_w.T
+        ref = (q8k_activations(x) if fmt in PER_256 else q8_activations(x)) @ ref_w.T
         scale = (x.double().abs() @ ref_w.abs().T).max()
         outs = []
         for isa in _core.available_linear_isas():

@@ -1,0 +1,130 @@
+"""GGUF files of random-weight models at the shapes people run, made the way
+published files are: an HF checkpoint (transformers ``from_config``, random
+weights, bfloat16), llama.cpp's own ``convert_hf_to_gguf.py`` to BF16, then
+``llama-quantize`` to each type asked for.
+
+    .venv/bin/python bench/make_gguf.py llama-3.2-1b --types Q4_K_M,Q8_0
+    -> build/gguf/llama-3.2-1b/llama-3.2-1b-{BF16,Q4_K_M,Q8_0}.gguf
+
+Needs the llama.cpp tools and source (``bench/peers.py build``). The
+tokenizer is the default model's (SmolLM2's 49k BPE, which the converter
+recognises), its vocabulary padded to the model's size by the converter:
+speed and memory depend on the vocabulary's size, not on its strings. Shapes
+are the published configs' (hidden, layers, heads, widths, vocabulary).
+Random weights make near-flat next-token distributions: use these files for
+speed and memory, and for correctness only through measures that do not need
+a confident model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import llamacpp  # noqa: E402
+
+OUT_DIR = REPO / "build" / "gguf"
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+#: name -> (HF config class, its arguments): the published configs' shapes.
+SHAPES: dict[str, tuple[str, dict]] = {
+    "qwen3-0.6b": ("Qwen3Config", dict(
+        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        tie_word_embeddings=True, rope_theta=1_000_000.0, max_position_embeddings=40960)),
+    "llama-3.2-1b": ("LlamaConfig", dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+        tie_word_embeddings=True, rope_theta=500_000.0, max_position_embeddings=131072,
+        rope_scaling=_LLAMA3_ROPE)),
+    "qwen3-4b": ("Qwen3Config", dict(
+        hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        tie_word_embeddings=True, rope_theta=1_000_000.0, max_position_embeddings=40960)),
+    "llama-3.1-8b": ("LlamaConfig", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+        tie_word_embeddings=False, rope_theta=500_000.0, max_position_embeddings=131072,
+        rope_scaling=dict(_LLAMA3_ROPE, factor=8.0))),
+}
+
+
+def hf_checkpoint(name: str, out: Path) -> Path:
+    """A random-weight bfloat16 HF directory of shape ``name`` with the default
+    model's tokenizer files (made once)."""
+    import torch
+    import transformers
+
+    from paternoster.model.default_model import default_model_dir
+
+    if (out / "config.json").is_file():
+        return out
+    cls_name, kwargs = SHAPES[name]
+    config = getattr(transformers, cls_name)(**kwargs)
+    config.architectures = [cls_name.replace("Config", "ForCausalLM")]
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, max_shard_size="2GB")
+    del model
+    tok_dir = default_model_dir()
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tok_dir / f).is_file():
+            shutil.copy(tok_dir / f, tmp / f)
+    tmp.replace(out)
+    return out
+
+
+def convert(name: str, types: list[str]) -> dict[str, Path]:
+    """BF16 GGUF by llama.cpp's converter, then each of ``types`` by
+    ``llama-quantize`` (each made once)."""
+    base = OUT_DIR / name
+    base.mkdir(parents=True, exist_ok=True)
+    bf16 = base / f"{name}-BF16.gguf"
+    out = {}
+    if not bf16.is_file() or any(not (base / f"{name}-{t}.gguf").is_file() for t in types):
+        hf = hf_checkpoint(name, base / "hf")
+        if not bf16.is_file():
+            script = llamacpp.download_source() / "convert_hf_to_gguf.py"
+            tmp = bf16.with_suffix(".tmp")
+            subprocess.run([sys.executable, str(script), str(hf), "--outtype", "bf16",
+                            "--outfile", str(tmp)], check=True)
+            tmp.replace(bf16)
+    out["BF16"] = bf16
+    for t in types:
+        dst = base / f"{name}-{t}.gguf"
+        if not dst.is_file():
+            tmp = dst.with_suffix(".tmp")
+            llamacpp.run_logged([llamacpp.binary("llama-quantize"), bf16, tmp, t], 3600)
+            tmp.replace(dst)
+        out[t] = dst
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Make the files and print their paths and sizes."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("--types", default="Q4_K_M", help="llama-quantize types, comma-separated")
+    ap.add_argument("--keep-hf", action="store_true", help="keep the HF checkpoint")
+    args = ap.parse_args(argv)
+    files = convert(args.shape, [t for t in args.types.split(",") if t])
+    if not args.keep_hf:
+        shutil.rmtree(OUT_DIR / args.shape / "hf", ignore_errors=True)
+    for t, p in files.items():
+        print(f"{t}: {p} ({p.stat().st_size / 2**30:.2f} GiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
