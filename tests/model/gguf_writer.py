@@ -76,7 +76,12 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     ``arch="qwen3moe"``: also the expert counts and width, the router as
     ``ffn_gate_inp`` in F32 and each layer's experts stacked into
     ``ffn_{gate,up,down}_exps`` [E, rows, K], as llama.cpp's Qwen2MoeModel
-    converter writes them) to ``path``.
+    converter writes them; ``Gemma3ForCausalLM`` with ``arch="gemma3"``: the
+    local RoPE base and window as keys, norm weights stored as ``1 + w``;
+    ``SmolLM3ForCausalLM`` with ``arch="smollm3"``: q/k rows permuted as
+    Llama's) to ``path``. The keys and transformations are those the real
+    converter writes (checked on its output for tiny random checkpoints:
+    logits within 2e-6 of HF's).
 
     Args:
         matrix_type: GGUF type of the layer matrices (``q8_0``, ``q4_0``,
@@ -96,13 +101,18 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters
+    w.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_rope_dimension_count(head_dim)
-    if arch in ("qwen3", "qwen3moe"):
+    if arch in ("qwen3", "qwen3moe", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch == "gemma3":  # as llama.cpp's Gemma3Model writes them
+        w.add_sliding_window(cfg.sliding_window)
+        local = cfg.rope_parameters["sliding_attention"]["rope_theta"]
+        w.add_rope_freq_base_swa(float(local))
     if arch == "qwen3moe":
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -127,12 +137,17 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
                 "mlp.experts", matrix_type) if layer_types else matrix_type)
             continue
         gguf_name, kind = _gguf_name(name, matrix_type, embed_type, layer_types or {})
+        if arch in _TABLE_NAMED:  # gguf-py's name table, as llama.cpp's converter
+            gguf_name = _table_name(arch, cfg.num_hidden_layers, name)
+            kind = kind or (layer_types or {}).get(name.split(".")[-2], matrix_type)
         if gguf_name is None:
             continue
         array = tensor.float().numpy()
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1.0  # llama.cpp stores Gemma's 1 + w
         heads = None
-        if arch != "llama":
-            pass  # llama.cpp permutes Llama's q/k rows only
+        if arch not in ("llama", "smollm3"):
+            pass  # llama.cpp permutes the q/k rows of its LlamaModel family only
         elif name.endswith("q_proj.weight"):
             heads = cfg.num_attention_heads
         elif name.endswith("k_proj.weight"):
@@ -159,6 +174,8 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
         if heads is not None:  # back to HF's row order
             values = values.reshape(heads, values.shape[0] // heads // 2, 2, -1).swapaxes(
                 1, 2).reshape(array.shape)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            values = values - 1.0
         reference[name] = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -167,6 +184,17 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     if cfg.tie_word_embeddings:
         reference["lm_head.weight"] = reference["model.embed_tokens.weight"]
     return reference
+
+
+#: Architectures written with gguf-py's TensorNameMap (the converter's table).
+_TABLE_NAMED = ("gemma3", "smollm3", "phi3")
+
+
+def _table_name(arch: str, layers: int, hf_name: str) -> str | None:
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    enum = {v: k for k, v in MODEL_ARCH_NAMES.items()}[arch]
+    return get_tensor_name_map(enum, layers).get_name(hf_name, try_suffixes=(".weight", ".bias"))
 
 
 def _gguf_name(name: str, matrix: str, embed: str,

@@ -184,6 +184,51 @@ def _decode_steps_match_hf(path, hf, prompt: list[int], n: int) -> None:
     assert clear >= n // 2  # the argmax check ran on most steps
 
 
+def _random_norms(model, seed: int) -> None:
+    """Norm weights away from their initial ones (so a missed norm shift shows)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "smollm3", "phi3"])
+def test_table_named_architectures_match_hf(tmp_path, arch):
+    """Gemma 3 (norms stored as 1 + w, sliding and global layers with their
+    RoPE bases from the keys, the query scale llama.cpp uses) and SmolLM3 (its
+    config built from the keys: NoPE every 4th layer; q/k rows permuted) as
+    llama.cpp's converter writes them: logits against HF's forward on the
+    file's values, relative error 1e-5 (a mis-ordered RoPE pair or a norm off
+    by one shows far above it)."""
+    import transformers
+
+    torch.manual_seed(20)
+    if arch == "gemma3":
+        cfg = transformers.Gemma3TextConfig(**dict(TINY, num_hidden_layers=6), head_dim=16,
+                                            sliding_window=8, query_pre_attn_scalar=16,
+                                            rope_theta=1e6, pad_token_id=0)
+        cfg.architectures = ["Gemma3ForCausalLM"]
+    elif arch == "phi3":  # q/k/v and gate/up fused in the checkpoint and the file
+        cfg = transformers.Phi3Config(**TINY, pad_token_id=0, rope_theta=10000.0)
+        cfg.architectures = ["Phi3ForCausalLM"]
+    else:
+        cfg = transformers.SmolLM3Config(**dict(TINY, num_hidden_layers=4), pad_token_id=0,
+                                         rope_theta=2e6)
+        cfg.architectures = ["SmolLM3ForCausalLM"]
+    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    _random_norms(hf, 21)
+    path = tmp_path / f"tiny-{arch}.gguf"
+    hf = _reference(hf, write_llama_gguf(hf, path, "q8_0", arch=arch))
+    runner = _runner(path)
+    assert type(runner.model).__name__ == cfg.architectures[0]
+    tokens = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    maker = BatchMaker(runner.num_kv_blocks, BLOCK_SIZE, num_groups=runner.kv_layout.num_groups)
+    ours = runner.compute_logits(maker.batch([Chunk("a", tokens, 0, 40)]))
+    ref = hf_logits(hf, tokens)
+    assert (ours - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 def test_unsupported_types_and_architectures_are_refused(tmp_path):
     from gguf import GGUFWriter
 
@@ -197,7 +242,8 @@ def test_unsupported_types_and_architectures_are_refused(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="not supported; supported: llama, qwen2, qwen3, qwen3moe"):
+    with pytest.raises(ValueError, match="not supported; supported: llama, qwen2, qwen3, qwen3moe, "
+                                         "gemma3, phi3, smollm3"):
         load_gguf_config(other)
 
 

@@ -31,6 +31,7 @@ move).
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from collections.abc import Iterator
@@ -45,7 +46,19 @@ logger = logging.getLogger(__name__)
 
 #: GGUF ``general.architecture`` values served, and the HF class they load as.
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                      "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+                      "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
+                      "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                      "smollm3": "SmolLM3ForCausalLM"}
+#: Architectures whose tensor names come from gguf-py's own name table
+#: (TensorNameMap, which llama.cpp's converter writes with) read backwards over
+#: the HF model's parameter names; the others use :data:`_LAYER_NAMES`.
+_NAME_MAP_ARCHITECTURES = ("gemma3", "phi3", "smollm3")
+#: Architectures transformers' GGUF support does not know: we build the
+#: config from the keys, and the tokenizer with its generic fast tokenizer.
+OWN_CONFIG_ARCHITECTURES = ("smollm3",)
+#: Architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel
+#: and subclasses with ``undo_permute``).
+_PERMUTED_QK = ("llama", "smollm3")
 #: GGUF tensor types kept quantized, by our format name.
 QUANTIZED_TYPES = {t: t.lower() for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL",
                                           "MXFP4", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")}
@@ -116,11 +129,23 @@ def load_gguf_config(path: str | Path):
 
     p = Path(path)
     try:
-        config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+        if arch in OWN_CONFIG_ARCHITECTURES:  # transformers has no GGUF mapping for it
+            config = _smollm3_config(reader, path)
+        else:
+            config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+    except ValueError:
+        raise
     except Exception as e:  # noqa: BLE001 - transformers' own GGUF reading, same file
         raise ValueError(f"{path}: transformers cannot read its config from the GGUF "
                          f"metadata, corrupt? ({type(e).__name__}: {e})") from e
     config.architectures = [GGUF_ARCHITECTURES[arch]]
+    if arch == "gemma3":
+        # llama.cpp scales queries by 1 / sqrt(head size), except for the 27B
+        # model (62 layers), whose query_pre_attn_scalar is hidden / heads; the
+        # file has no key for it (transformers' default, 256, fits 1B-12B only).
+        heads = config.num_attention_heads
+        config.query_pre_attn_scalar = (config.hidden_size // heads
+                                        if config.num_hidden_layers == 62 else config.head_dim)
     # transformers maps no head size for qwen3 (its config then defaults to
     # 128): llama.cpp writes it as the key length.
     key_length = _int_field(reader, f"{arch}.attention.key_length")
@@ -159,11 +184,13 @@ def gguf_weights(path: str | Path,
     reader = _reader(path)
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    llama = _architecture(reader, path) == "llama"
+    arch = _architecture(reader, path)
+    llama = arch in _PERMUTED_QK
+    names = _names_from_table(hf_config, arch) if arch in _NAME_MAP_ARCHITECTURES else None
     dequantized: dict[str, int] = {}
     for t in reader.tensors:
         expert = _expert_tensor(t.name)
-        name = hf_name(t.name)
+        name = names.get(t.name) if names is not None else hf_name(t.name)
         if name is None and expert is None:
             continue
         weight = _tensor(t, path)
@@ -180,6 +207,10 @@ def gguf_weights(path: str | Path,
             continue
         if llama and name.endswith(("q_proj.weight", "k_proj.weight")):
             weight = unpermute_rows(weight, heads if "q_proj" in name else kv_heads)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            # llama.cpp's converter stores Gemma's RMSNorm weights as 1 + w
+            # (its norm multiplies by the weight); ours, as HF's, adds the 1.
+            weight = weight.float() - 1.0
         yield name, weight
     if dequantized:
         logger.info("%s: dequantized %s to bfloat16 at load (no kernel keeps these types "
@@ -225,6 +256,27 @@ def _tensor(t, path: str | Path) -> torch.Tensor | QuantizedWeight:
         f"supported: {', '.join([*QUANTIZED_TYPES, *DENSE_TYPES, *DEQUANTIZED_TYPES])}")
 
 
+def _names_from_table(hf_config, arch: str) -> dict[str, str]:
+    """GGUF tensor name -> HF parameter name for the HF model of ``hf_config``:
+    gguf-py's TensorNameMap (the table llama.cpp's converter names tensors
+    with) applied to every parameter of that model, built on the meta device."""
+    import gguf
+    import transformers
+
+    arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    table = gguf.get_tensor_name_map(arch_enum, hf_config.num_hidden_layers)
+    config = copy.deepcopy(hf_config)
+    config.pad_token_id = None  # a class default past a small vocabulary trips nn.Embedding
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    out = {}
+    for key in model.state_dict():
+        name = table.get_name(key, try_suffixes=(".weight", ".bias"))
+        if name is not None:
+            out[name] = key
+    return out
+
+
 def _expert_tensor(gguf_name: str) -> tuple[str, str] | None:
     """(layer, HF projection) of a stacked expert tensor
     (``blk.3.ffn_up_exps.weight`` -> ``("3", "up_proj")``), None for any other."""
@@ -267,6 +319,40 @@ def unpermute_rows(weight: torch.Tensor | QuantizedWeight,
     if isinstance(weight, QuantizedWeight):
         return QuantizedWeight(moved, weight.format, weight.in_features)
     return moved
+
+
+def _smollm3_config(reader, path: str | Path):
+    """SmolLM3's config from llama.cpp's ``smollm3`` keys (NoPE on every 4th
+    layer, as llama.cpp hard-codes it and HF's config defaults)."""
+    from transformers import SmolLM3Config
+
+    def need(key: str) -> int:
+        value = _int_field(reader, f"smollm3.{key}")
+        if value is None:
+            raise ValueError(f"{path}: no smollm3.{key} in the GGUF metadata")
+        return value
+
+    vocab = _int_field(reader, "smollm3.vocab_size")
+    if vocab is None:
+        field = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(field.data) if field is not None else need("vocab_size")
+    return SmolLM3Config(
+        hidden_size=need("embedding_length"), intermediate_size=need("feed_forward_length"),
+        num_hidden_layers=need("block_count"), num_attention_heads=need("attention.head_count"),
+        num_key_value_heads=need("attention.head_count_kv"), vocab_size=vocab,
+        max_position_embeddings=need("context_length"),
+        rope_theta=_float_field(reader, "smollm3.rope.freq_base") or 10000.0,
+        rms_norm_eps=_float_field(reader, "smollm3.attention.layer_norm_rms_epsilon") or 1e-6,
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        no_rope_layer_interval=4,
+        bos_token_id=_int_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_int_field(reader, "tokenizer.ggml.eos_token_id"),
+        pad_token_id=_int_field(reader, "tokenizer.ggml.padding_token_id"))
+
+
+def _float_field(reader, key: str) -> float | None:
+    field = reader.fields.get(key)
+    return None if field is None else float(field.parts[field.data[0]][0])
 
 
 def _int_field(reader, key: str) -> int | None:

@@ -15,7 +15,13 @@ import torch
 
 from paternoster.model.attention import AttentionOps
 from paternoster.model.gemma3 import Gemma3ForCausalLM
-from paternoster.model.gguf import gguf_architecture, gguf_weights, is_gguf, load_gguf_config
+from paternoster.model.gguf import (
+    OWN_CONFIG_ARCHITECTURES,
+    gguf_architecture,
+    gguf_weights,
+    is_gguf,
+    load_gguf_config,
+)
 from paternoster.model.gpt_oss import GptOssForCausalLM
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from paternoster.model.mixtral import MixtralForCausalLM
@@ -122,12 +128,16 @@ def load_tokenizer(model: str | Path):
             empty tokenizer from config.json alone), or a GGUF file that is
             truncated or corrupt.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     p = _local_model(model)
     if is_gguf(p):
-        gguf_architecture(p)  # a cut or corrupt file: our clear ValueError first
-        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        arch = gguf_architecture(p)  # a cut or corrupt file: our clear ValueError first
+        # transformers' GGUF support builds the tokenizer from the vocabulary
+        # alone; AutoTokenizer also reads the config, which it maps for some
+        # architectures only.
+        cls = PreTrainedTokenizerFast if arch in OWN_CONFIG_ARCHITECTURES else AutoTokenizer
+        return cls.from_pretrained(str(p.parent), gguf_file=p.name)
     if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
         raise ValueError(f"{p}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
     return AutoTokenizer.from_pretrained(str(p))
