@@ -69,7 +69,8 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "q8_0",
                      layer_types: dict[str, str] | None = None,
-                     arch: str = "llama") -> dict[str, torch.Tensor]:
+                     arch: str = "llama",
+                     split_max_tensors: int = 0) -> dict[str, torch.Tensor]:
     """Write ``hf_model`` (an HF ``LlamaForCausalLM``, or ``Qwen3ForCausalLM``
     with ``arch="qwen3"``: no q/k row permutation, the head size as the key
     and value lengths, the per-head q/k norms; or ``Qwen3MoeForCausalLM`` with
@@ -88,12 +89,14 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
             ``q4_1``, ``f32``, ``f16``).
         embed_type: type of ``token_embd`` (and of ``output`` when untied).
         layer_types: per HF-suffix overrides (e.g. ``{"self_attn.v_proj": "q8_0"}``).
+        split_max_tensors: > 0: split into files of at most this many tensors
+            (``path``'s stem + ``-00001-of-0000N.gguf``, gguf-split's naming).
     Returns:
         The HF state dict with every tensor replaced by what the file holds,
         dequantized by gguf-py and un-permuted (the reference weights).
     """
     cfg = hf_model.config
-    w = GGUFWriter(str(path), arch)
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)

@@ -229,6 +229,26 @@ def test_table_named_architectures_match_hf(tmp_path, arch):
     assert (ours - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+def test_split_files_load_as_one_model(tmp_path):
+    """A model split over three files (gguf-split's naming; metadata in the
+    first) serves from its first file, logits as the one-file model's
+    reference; another file of the split, or a missing one, is a clear error."""
+    hf = _hf_llama(6, True)
+    weights = write_llama_gguf(hf, tmp_path / "tiny.gguf", "q8_0", split_max_tensors=8)
+    files = sorted(tmp_path.glob("tiny-*-of-*.gguf"))
+    assert len(files) > 2 and files[0].name == f"tiny-00001-of-{len(files):05d}.gguf"
+    runner = _runner(files[0])
+    hf = _reference(hf, weights)
+    tokens = list(range(3, 30))
+    ours = runner.compute_logits(BatchMaker(128, BLOCK_SIZE).batch([Chunk("a", tokens, 0, 27)]))
+    assert (ours - hf_logits(hf, tokens)).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="serve its first file"):
+        _runner(files[1])
+    files[-1].unlink()
+    with pytest.raises(ValueError, match=f"{files[-1].name}, file of this split model, is missing"):
+        _runner(files[0])
+
+
 def test_unsupported_types_and_architectures_are_refused(tmp_path):
     from gguf import GGUFWriter
 

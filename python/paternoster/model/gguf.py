@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def gguf_architecture(path: str | Path) -> str:
     Raises:
         ValueError: not a readable GGUF file, or the key is missing.
     """
-    return _architecture(_reader(path), path)
+    return _architecture(_reader(gguf_shards(path)[0]), path)
 
 
 def _architecture(reader, path: str | Path) -> str:
@@ -120,7 +121,7 @@ def load_gguf_config(path: str | Path):
         ValueError: an architecture other than :data:`GGUF_ARCHITECTURES`
             (the message lists them).
     """
-    reader = _reader(path)
+    reader = _reader(gguf_shards(path)[0])
     arch = _architecture(reader, path)
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; "
@@ -181,19 +182,21 @@ def gguf_weights(path: str | Path,
             :data:`DENSE_TYPES` and :data:`DEQUANTIZED_TYPES` (naming the
             tensor and listing them).
     """
-    reader = _reader(path)
+    shards = gguf_shards(path)
+    reader = _reader(shards[0])
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     arch = _architecture(reader, path)
     llama = arch in _PERMUTED_QK
     names = _names_from_table(hf_config, arch) if arch in _NAME_MAP_ARCHITECTURES else None
     dequantized: dict[str, int] = {}
-    for t in reader.tensors:
+    tensors = [(t, shard) for shard in shards for t in _reader(shard).tensors]
+    for t, shard in tensors:
         expert = _expert_tensor(t.name)
         name = names.get(t.name) if names is not None else hf_name(t.name)
         if name is None and expert is None:
             continue
-        weight = _tensor(t, path)
+        weight = _tensor(t, shard)
         if t.tensor_type.name in DEQUANTIZED_TYPES:
             dequantized[t.tensor_type.name] = dequantized.get(t.tensor_type.name, 0) + 1
         if expert is not None:
@@ -254,6 +257,33 @@ def _tensor(t, path: str | Path) -> torch.Tensor | QuantizedWeight:
     raise ValueError(
         f"{path}: tensor {t.name} has GGUF type {kind}, which is not supported; "
         f"supported: {', '.join([*QUANTIZED_TYPES, *DENSE_TYPES, *DEQUANTIZED_TYPES])}")
+
+
+_SHARD_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
+def gguf_shards(path: str | Path) -> list[Path]:
+    """The files of a model: ``[path]``, or for the first file of a split
+    model (``name-00001-of-00003.gguf``, llama.cpp's ``gguf-split`` naming)
+    all of its files in order; the first holds the metadata.
+
+    Raises:
+        ValueError: a split model's other file was given (naming the first),
+            or one of its files is missing (naming it).
+    """
+    p = Path(path)
+    m = _SHARD_NAME.match(p.name)
+    if m is None:
+        return [p]
+    no, count = int(m["no"]), int(m["count"])
+    shards = [p.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    if no != 1:
+        raise ValueError(f"{path}: file {no} of a split model; serve its first file, "
+                         f"{shards[0].name}")
+    for shard in shards:
+        if not shard.is_file():
+            raise ValueError(f"{path}: {shard.name}, file of this split model, is missing")
+    return shards
 
 
 def _names_from_table(hf_config, arch: str) -> dict[str, str]:
