@@ -120,6 +120,9 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    rope_scaling = cfg.rope_parameters if isinstance(cfg.rope_parameters, dict) else {}
+    if rope_scaling.get("rope_type") == "llama3":  # as LlamaModel.generate_extra_tensors
+        w.add_tensor("rope_freqs.weight", _llama3_rope_factors(rope_scaling, head_dim))
     w.add_file_type(1)
     # A byte-level BPE vocabulary of the right size, so transformers can read the file.
     tokens = ["<s>", "</s>", "<unk>", "a", "b", "ab"]
@@ -187,6 +190,27 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     if cfg.tie_word_embeddings:
         reference["lm_head.weight"] = reference["model.embed_tokens.weight"]
     return reference
+
+
+def _llama3_rope_factors(params: dict, head_dim: int) -> np.ndarray:
+    """Llama 3's rope scaling as llama.cpp's converter writes it: a divisor per
+    frequency (1 for short wavelengths, ``factor`` for long ones, blended)."""
+    import math
+
+    base, factor = float(params["rope_theta"]), float(params["factor"])
+    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    old = float(params["original_max_position_embeddings"])
+    out = []
+    for freq in 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim):
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
 
 
 #: Architectures written with gguf-py's TensorNameMap (the converter's table).

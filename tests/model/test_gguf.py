@@ -229,6 +229,27 @@ def test_table_named_architectures_match_hf(tmp_path, arch):
     assert (ours - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+def test_llama3_rope_scaling_from_the_rope_freqs_tensor(tmp_path):
+    """Llama 3.1/3.2 files carry their rope scaling as llama.cpp's
+    ``rope_freqs`` tensor (no config key): logits against HF's Llama with the
+    llama3 rope type (scaling that reaches most frequencies at this size)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(7)
+    scaling = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    hf = LlamaForCausalLM(LlamaConfig(**TINY, tie_word_embeddings=True,
+                                      rope_parameters=scaling)).float().eval()
+    path = tmp_path / "tiny-llama3.gguf"
+    hf = _reference(hf, write_llama_gguf(hf, path, "q8_0"))
+    runner = _runner(path)
+    tokens = torch.randint(3, 128, (60,), generator=torch.Generator().manual_seed(3)).tolist()
+    ours = runner.compute_logits(BatchMaker(128, BLOCK_SIZE).batch([Chunk("a", tokens, 0, 60)]))
+    ref = hf_logits(hf, tokens)
+    assert (ours - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 def test_split_files_load_as_one_model(tmp_path):
     """A model split over three files (gguf-split's naming; metadata in the
     first) serves from its first file, logits as the one-file model's

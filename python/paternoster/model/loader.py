@@ -15,13 +15,7 @@ import torch
 
 from paternoster.model.attention import AttentionOps
 from paternoster.model.gemma3 import Gemma3ForCausalLM
-from paternoster.model.gguf import (
-    OWN_CONFIG_ARCHITECTURES,
-    gguf_architecture,
-    gguf_weights,
-    is_gguf,
-    load_gguf_config,
-)
+from paternoster.model.gguf import gguf_architecture, gguf_weights, is_gguf, load_gguf_config
 from paternoster.model.gpt_oss import GptOssForCausalLM
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from paternoster.model.mixtral import MixtralForCausalLM
@@ -132,12 +126,14 @@ def load_tokenizer(model: str | Path):
 
     p = _local_model(model)
     if is_gguf(p):
-        arch = gguf_architecture(p)  # a cut or corrupt file: our clear ValueError first
-        # transformers' GGUF support builds the tokenizer from the vocabulary
-        # alone; AutoTokenizer also reads the config, which it maps for some
-        # architectures only.
-        cls = PreTrainedTokenizerFast if arch in OWN_CONFIG_ARCHITECTURES else AutoTokenizer
-        return cls.from_pretrained(str(p.parent), gguf_file=p.name)
+        gguf_architecture(p)  # a cut or corrupt file: our clear ValueError first
+        # transformers builds the tokenizer from the file's vocabulary alone;
+        # AutoTokenizer would first parse the whole file once more for the
+        # config (which it maps for some architectures only) and pick a class
+        # that wraps the same backend: same ids, decoding, special tokens and
+        # chat template on SmolLM2's, Llama 3's and Gemma 3's vocabularies,
+        # 0.4-1.0 s instead of 4-8 s.
+        return PreTrainedTokenizerFast.from_pretrained(str(p.parent), gguf_file=p.name)
     if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
         raise ValueError(f"{p}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)})")
     return AutoTokenizer.from_pretrained(str(p))

@@ -75,6 +75,9 @@ def rope_parameters(config, layer_type: str = "full_attention",
     if float(params["partial_rotary_factor"]) != 1.0 and not partial_rotation:
         raise ValueError("partial_rotary_factor != 1 is not supported for this architecture")
     params["rope_type"] = rope_type
+    factors = getattr(config, "rope_freq_factors", None)
+    if factors is not None:  # a GGUF file's rope_freqs tensor (Llama 3.1+)
+        params["freq_factors"] = list(factors)
     if rope_type in ("yarn", "longrope"):
         params.setdefault("max_position_embeddings",
                           getattr(config, "max_position_embeddings", None))
@@ -131,7 +134,8 @@ def inverse_frequencies(head_dim: int, params: dict,
         float32[D / 2], radians per position.
     Raises:
         ValueError: LongRoPE factors that do not fit (see
-            :func:`paternoster.model.longrope.rescale_factors`).
+            :func:`paternoster.model.longrope.rescale_factors`), or
+            ``freq_factors`` of another length than D / 2.
     """
     base = float(params["rope_theta"])
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
@@ -146,6 +150,12 @@ def inverse_frequencies(head_dim: int, params: dict,
         inv_freq = _yarn_scale(wavelength_scale, head_dim, params)
     elif rope_type == "longrope":
         inv_freq = longrope_inverse_frequencies(wavelength_scale, params, max_positions)
+    if params.get("freq_factors") is not None:
+        factors = torch.tensor(params["freq_factors"], dtype=torch.float32)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"rope_freq_factors has {factors.numel()} values, the rotation "
+                             f"{inv_freq.numel()} frequencies")
+        inv_freq = inv_freq / factors
     return inv_freq
 
 
