@@ -263,11 +263,24 @@ def test_split_files_load_as_one_model(tmp_path):
     tokens = list(range(3, 30))
     ours = runner.compute_logits(BatchMaker(128, BLOCK_SIZE).batch([Chunk("a", tokens, 0, 27)]))
     assert (ours - hf_logits(hf, tokens)).abs().max() < 1e-4
+    from paternoster.engine.assembly import served_model_name
+
+    assert served_model_name(ModelConfig(model=str(files[0]))) == "tiny"  # llama-server's id
     with pytest.raises(ValueError, match="serve its first file"):
         _runner(files[1])
     files[-1].unlink()
     with pytest.raises(ValueError, match=f"{files[-1].name}, file of this split model, is missing"):
         _runner(files[0])
+
+
+def test_a_file_named_relative_to_the_working_directory_loads(tmp_path, monkeypatch):
+    """``serve name.gguf`` and ``serve ./name.gguf`` from the file's directory
+    (found by a fresh user's trial: the config failed with a TypeError)."""
+    write_llama_gguf(_hf_llama(8, True), tmp_path / "rel.gguf", "q8_0")
+    monkeypatch.chdir(tmp_path)
+    for spelling in ("rel.gguf", "./rel.gguf"):
+        assert load_gguf_config(spelling).architectures == ["LlamaForCausalLM"], spelling
+        assert _runner(spelling).model is not None
 
 
 def test_unsupported_types_and_architectures_are_refused(tmp_path):

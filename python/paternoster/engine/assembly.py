@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 
 from paternoster import _core
 from paternoster.config import EngineConfig, ModelConfig, SchedulerConfig
@@ -155,8 +156,9 @@ def fit_scheduler_config(scheduler_cls: type, sched_config: SchedulerConfig, run
 
 def served_model_name(model: ModelConfig) -> str:
     """The model's id: ``served_model_name``, else the directory's name, or a
-    GGUF file's name without ".gguf" (as llama-server names it)."""
+    GGUF file's name without ".gguf" (as llama-server names it) and, for the
+    first file of a split model, without its ``-00001-of-0000N`` part."""
     name = model.served_model_name or str(model.model).rstrip("/").split("/")[-1]
     if name.lower().endswith(".gguf") and not model.served_model_name:
-        name = name[: -len(".gguf")]
+        name = re.sub(r"-\d{5}-of-\d{5}$", "", name[: -len(".gguf")])
     return name

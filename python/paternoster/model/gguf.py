@@ -417,29 +417,41 @@ def _int_field(reader, key: str) -> int | None:
 def _reader(path: str | Path):
     """The file's parsed header and tensor list (one parse per file per
     process while the file is unchanged: a vocabulary of 150k strings takes
-    seconds to parse).
+    seconds to parse), whatever spelling of the path names it.
 
     Raises:
         ValueError: no such file, or not a readable GGUF file (naming it and
-            the reader's reason: a truncated file, an unknown tensor type).
+            the reader's reason: a truncated file, a tensor type this gguf
+            package does not know).
     """
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{path}: no such GGUF file")
     stat = p.stat()
-    return _cached_reader(str(p.resolve()), stat.st_size, stat.st_mtime_ns, str(path))
+    try:
+        return _cached_reader(str(p.resolve()), stat.st_size, stat.st_mtime_ns)
+    except Exception as e:  # noqa: BLE001 - the reader fails in many ways on a cut file
+        reason = f"{type(e).__name__}: {e}"
+        if "GGMLQuantizationType" in str(e):
+            raise ValueError(f"{path}: a tensor type this gguf package does not know "
+                             f"({reason}); supported: "
+                             f"{', '.join([*QUANTIZED_TYPES, *DENSE_TYPES, *DEQUANTIZED_TYPES])}"
+                             ) from e
+        raise ValueError(f"{path}: not a readable GGUF file, truncated or corrupt? "
+                         f"({reason})") from e
 
 
-@functools.lru_cache(maxsize=2)
-def _cached_reader(resolved: str, size: int, mtime_ns: int, shown: str):
-    from gguf import GGUFReader
+@functools.lru_cache(maxsize=1)
+def _fast_reader_class():
+    """gguf-py's reader over a plain ndarray view of its memory map: the same
+    parse, ~4x faster (slicing a ``numpy.memmap`` runs Python-level
+    ``__array_finalize__`` for each of the millions of small reads a
+    vocabulary takes: 2.7 s -> 0.7 s for SmolLM2's 49k-token file). Built on
+    the class in its own module, which :func:`_transformers_reuses_our_parse`
+    never replaces."""
+    from gguf.gguf_reader import GGUFReader
 
     class _Reader(GGUFReader):
-        """gguf-py's reader over a plain ndarray view of its memory map: the
-        same parse, ~4x faster (slicing a ``numpy.memmap`` runs Python-level
-        ``__array_finalize__`` for each of the millions of small reads a
-        vocabulary takes: 2.7 s -> 0.7 s for SmolLM2's 49k-token file)."""
-
         @property
         def data(self):
             return self._plain
@@ -448,10 +460,11 @@ def _cached_reader(resolved: str, size: int, mtime_ns: int, shown: str):
         def data(self, value) -> None:
             self._plain = value.view(np.ndarray)  # keeps the map alive (its base)
 
-    try:
-        # Copy-on-write: writable arrays for torch, pages shared with the
-        # page cache until written (we never write them).
-        return _Reader(resolved, "c")
-    except Exception as e:  # noqa: BLE001 - the reader fails in many ways on a cut file
-        raise ValueError(f"{shown}: not a readable GGUF file, truncated or corrupt? "
-                         f"({type(e).__name__}: {e})") from e
+    return _Reader
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_reader(resolved: str, size: int, mtime_ns: int):
+    # Copy-on-write: writable arrays for torch, pages shared with the page
+    # cache until written (we never write them).
+    return _fast_reader_class()(resolved, "c")
