@@ -12,7 +12,12 @@ COMMON = ["--dataset", "random", "--input-len", "8", "--output-len", "3", "--no-
 
 
 def test_concurrency_capacity_is_found_by_bisection(tmp_path, capsys):
-    # TTFT = 80 ms x requests in flight: concurrency 6 gives 0.48 s, 7 gives 0.56 s.
+    """TTFT = 80 ms x requests in flight: concurrency 6 gives 0.48 s, 7 gives
+    0.56 s, so a quiet machine finds capacity 5 or 6. A stall of the machine
+    only adds latency (one on a CI run took concurrency 4's p95 from 0.32 to
+    0.58 s): the capacity found is at most 6, and the search is checked on
+    the probes it made, whatever they measured: the ramp doubles from 1 to
+    the first failure, the bisection converges between the last pass and it."""
     out, png = tmp_path / "cap.json", tmp_path / "cap.png"
     t0 = time.monotonic()
     with StubServer(ttft=0.0, ttft_per_inflight=0.08, itl=0.005) as srv:
@@ -23,9 +28,11 @@ def test_concurrency_capacity_is_found_by_bisection(tmp_path, capsys):
         ])  # fmt: skip
     assert rc == 0 and time.monotonic() - t0 < 60
     data = json.loads(out.read_text())
-    assert 5 <= data["capacity"] <= 6 and data["first_fail"] == data["capacity"] + 1
-    loads = [p["load"] for p in data["probes"]]
-    assert loads[:4] == [1, 2, 4, 8] and data["stopped"] == "converged"
+    assert 1 <= data["capacity"] <= 6 and data["first_fail"] == data["capacity"] + 1
+    ramp = [p["load"] for p in data["probes"] if p["phase"] == "ramp"]
+    assert ramp == [2**i for i in range(len(ramp))] and ramp[-1] >= data["first_fail"]
+    assert [p["ok"] for p in data["probes"][:len(ramp)]] == [True] * (len(ramp) - 1) + [False]
+    assert data["stopped"] == "converged"
     for p in data["probes"]:
         assert p["summary"]["num_sent"] == max(1, 3 * int(p["load"]))
         assert p["ok"] == (p["load"] <= data["capacity"])
