@@ -18,7 +18,12 @@ import torch
 
 from paternoster import _core, kernels
 from paternoster.kernels.quant import QuantizedWeight, dequantize_torch
-from tests.core.test_linear import I8_MAX_TOKENS, _variant_linear, q8_activations
+from tests.core.test_linear import (  # noqa: F401 - _two_threads: the autouse fixture
+    I8_MAX_TOKENS,
+    _two_threads,
+    _variant_linear,
+    q8_activations,
+)
 from tests.model import gguf_writer
 
 #: The types kept quantized (beyond Q8_0 / Q4_0 / Q4_1, tested in test_linear.py).
@@ -45,14 +50,6 @@ def q8k_activations(x: torch.Tensor) -> torch.Tensor:
 
 #: The formats of 256-value blocks, whose activations go per 256 values.
 PER_256 = ("q4_k", "q5_k", "q6_k", "iq4_xs")
-
-
-@pytest.fixture(autouse=True)
-def _two_threads():
-    old = kernels.get_num_threads()
-    kernels.set_num_threads(2)
-    yield
-    kernels.set_num_threads(old)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
