@@ -3,7 +3,8 @@
 #   make serve            serve the embedded default model on http://127.0.0.1:8000
 #   make serve MODEL=dir  serve a local HF model directory
 #   make serve PORT=8391  on another port (SERVE_ARGS="..." for any other serve flag)
-#   make test             build the C++ core, run ctest, ruff and pytest
+#   make test             build the C++ core, run ctest, ruff and pytest (2 workers)
+#   make test-fast        the tests without servers, for the edit loop (~3 min)
 #   make bench            offline throughput vs HF transformers (docs/benchmarks.md)
 #   make peers            Paternoster vs llama.cpp on this CPU (builds llama.cpp; long; not in test)
 #   make compat-tools     GuideLLM in build/compat for tests/entrypoints/test_guidellm.py
@@ -23,7 +24,16 @@ CORE_SOURCES := CMakeLists.txt pyproject.toml $(shell find core cuda cmake -type
 GUIDELLM_VERSION ?= 0.8.1
 COMPAT_VENV ?= build/compat
 
-.PHONY: install serve test test-cpp test-py lint bench peers clean compat-tools
+# pytest workers (pytest-xdist): one test file per worker at a time, so a module's
+# server fixture starts once. PYTEST_WORKERS=1 runs the suite in one process.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS := -q $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
+# make test-fast: the suites that start no server process (kernels, model, engine,
+# schedulers, parsers, the frontend's units).
+FAST_TESTS := tests/core tests/cuda tests/model tests/engine tests/scheduling tests/simulate \
+  tests/frontend tests/tool_parsers tests/reasoning_parsers tests/test_layers.py
+
+.PHONY: install serve test test-cpp test-py test-fast lint bench peers clean compat-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,7 +76,10 @@ lint: install
 	$(BIN)/lint-imports
 
 test-py: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+
+test-fast: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS) $(FAST_TESTS)
 
 test: install test-cpp lint test-py
 
