@@ -196,7 +196,7 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
   if (num_tokens < 0) fail("num_tokens must be >= 0, got " + std::to_string(num_tokens));
   if (num_parts < 1 || !parts) fail("num_parts must be >= 1, got " + std::to_string(num_parts));
   int64_t out_features = 0;
-  bool any_quantized = false, any_float = false;
+  bool any_float = false;
   for (int64_t p = 0; p < num_parts; ++p) {
     if (parts[p].rows <= 0) {
       fail((num_parts > 1 ? "rows of part " + std::to_string(p) : std::string("out_features")) +
@@ -204,7 +204,6 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
     }
     weight_row_bytes(parts[p].format, in_features);  // checks format and in_features
     out_features += parts[p].rows;
-    any_quantized = any_quantized || is_quantized(parts[p].format);
   }
   if (num_tokens == 0) return;
   if (!out || !x) fail("out, x and weight must not be null");
@@ -215,11 +214,16 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
   thread_local std::vector<float> x_buf, bias_buf, q8_scale, q8_sum, q8k_scale;
   thread_local std::vector<int8_t> q8, q8k;
   thread_local std::vector<int32_t> q8k_bsum;
-  const bool i8_call = any_quantized && !batch_invariant && num_tokens <= k.i8_max_tokens;
-  // 32-value formats take x per 32 values, 256-value ones per 256 (x_q8k).
+  // Quantized parts take the 8-bit path within their kernels' token limits:
+  // 32-value formats with x per 32 values, 256-value ones per 256 (x_q8k).
+  auto i8_part = [&](WeightFormat f) {
+    if (batch_invariant || !is_quantized(f)) return false;
+    return num_tokens <= (detail::format_block_values(f) > kQuantBlock ? k.i8k_max_tokens
+                                                                        : k.i8_max_tokens);
+  };
   bool any_q8 = false, any_q8k = false;
-  for (int64_t p = 0; p < num_parts && i8_call; ++p) {
-    if (!is_quantized(parts[p].format)) continue;
+  for (int64_t p = 0; p < num_parts; ++p) {
+    if (!i8_part(parts[p].format)) continue;
     (detail::format_block_values(parts[p].format) > kQuantBlock ? any_q8k : any_q8) = true;
   }
   if (any_q8) quantize_rows_q8(x, x_dtype, num_tokens, in_features, q8, q8_scale, q8_sum);
@@ -229,7 +233,7 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
   std::vector<detail::LinearArgs> args;
   args.reserve(static_cast<size_t>(num_parts));
   for (int64_t p = 0; p < num_parts; ++p) {
-    const bool i8 = i8_call && is_quantized(parts[p].format);
+    const bool i8 = i8_part(parts[p].format);
     const bool per256 = i8 && detail::format_block_values(parts[p].format) > kQuantBlock;
     const bool per32 = i8 && !per256;
     const bool dot = !i8 && k.bf16_dot && x_dtype == DType::kBFloat16 &&

@@ -66,6 +66,10 @@ struct LinearKernels {
   //   avx512:     1.31x | 1.69x at 4, 1.09x | 1.08x at 16, 1.11x | 1.08x at 64
   //   avx2:       2.16x | 6.09x at 4, 1.46x | 1.51x at 16, 1.23x | 1.17x at 64
   int64_t i8_max_tokens;
+  // The same for the 256-value formats (Q4_K, Q5_K, Q6_K, IQ4_XS), whose calls
+  // past 2 tokens run an integer GEMM (linear_dot_i8.inc: i8k_gemm) that
+  // decodes each weight block once for all the call's tokens.
+  int64_t i8k_max_tokens;
 };
 
 namespace baseline { extern const LinearKernels kLinearKernels; }

@@ -20,6 +20,7 @@ from paternoster import _core, kernels
 from paternoster.kernels.quant import QuantizedWeight, dequantize_torch
 from tests.core.test_linear import (  # noqa: F401 - _two_threads: the autouse fixture
     I8_MAX_TOKENS,
+    I8K_MAX_TOKENS,
     _two_threads,
     _variant_linear,
     q8_activations,
@@ -93,7 +94,8 @@ def test_8bit_activation_path_matches_gguf_dequantized(fmt):
     calls take the float path bit for bit."""
     k = 512
     qw, ref_w = random_blocks(36, k, fmt, seed=3)
-    for t in (1, 3, 8, 9):
+    limits = I8K_MAX_TOKENS if fmt in PER_256 else I8_MAX_TOKENS
+    for t in (1, 3, 8, 9, 13, 70):
         x = torch.randn(t, k).bfloat16()
         exact = x.double() @ ref_w.T
         ref = (q8k_activations(x) if fmt in PER_256 else q8_activations(x)) @ ref_w.T
@@ -101,7 +103,7 @@ def test_8bit_activation_path_matches_gguf_dequantized(fmt):
         outs = []
         for isa in _core.available_linear_isas():
             out = _variant_linear(isa, x, qw, invariant=False)
-            if t > I8_MAX_TOKENS.get(isa, 0):
+            if t > limits.get(isa, 0):
                 assert torch.equal(out, _variant_linear(isa, x, qw, invariant=True)), (isa, t)
                 continue
             assert (out.double() - ref).abs().max() <= 1e-6 * scale, (fmt, isa, t)
@@ -110,6 +112,26 @@ def test_8bit_activation_path_matches_gguf_dequantized(fmt):
             outs.append((isa, out))
         for isa, out in outs[1:]:
             assert torch.equal(out, outs[0][1]), (fmt, isa, outs[0][0], t)
+
+
+@pytest.mark.parametrize("fmt", PER_256)
+def test_8bit_gemm_gives_each_token_the_bits_of_a_call_of_its_own(fmt):
+    """Calls of many tokens (a batch's decode step, a prefill) decode each
+    weight block once for all of them (the integer GEMM); every token's row
+    is still the one a call of that token alone gives (the one-token kernel
+    against the same activations), on every x86 variant, across the driver's
+    token blocks of 64 and partial tiles of rows."""
+    k = 768
+    qw, _ = random_blocks(10, k, fmt, seed=5)
+    x = torch.randn(70, k).bfloat16()
+    for isa in _core.available_linear_isas():
+        limit = min(I8K_MAX_TOKENS.get(isa, 0), 70)
+        if limit < 3:
+            continue
+        whole = _variant_linear(isa, x[:limit], qw, invariant=False)
+        alone = torch.cat([_variant_linear(isa, x[i:i + 1], qw, invariant=False)
+                           for i in range(limit)])
+        assert torch.equal(whole, alone), (fmt, isa)
 
 
 def test_k_quants_need_whole_blocks_of_256():

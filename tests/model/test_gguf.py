@@ -12,7 +12,8 @@ import torch
 from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.kernels import QuantizedWeight, WeightParts
-from paternoster.model.gguf import hf_name, load_gguf_config
+from paternoster.model.gguf import hf_name
+from paternoster.model.gguf_config import load_gguf_config
 from paternoster.model.runner import ModelRunner
 
 from .conftest import BatchMaker, Chunk, greedy_matches_hf_generate, hf_logits
@@ -309,7 +310,7 @@ def test_tensor_names():
 
 
 def test_bad_files_get_clear_errors(tmp_path):
-    from paternoster.model.gguf import is_gguf
+    from paternoster.model.gguf_file import is_gguf
     from paternoster.model.loader import load_tokenizer
 
     hf = _hf_llama(5, True)

@@ -50,7 +50,7 @@ async def serve(args: argparse.Namespace) -> int:
     from paternoster.entrypoints.openai.guard import ServerLimits
     from paternoster.frontend.data_parallel import DataParallelClient
     from paternoster.frontend.errors import EngineStartupError
-    from paternoster.model.gguf import is_gguf
+    from paternoster.model.gguf_file import is_gguf
 
     model_dir = resolve_model_dir(args.model)
     if not os.path.exists(model_dir):

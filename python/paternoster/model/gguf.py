@@ -1,10 +1,11 @@
-"""Serve a GGUF file directly: its config and weights, quantized weights kept
-quantized where they lie in the file.
+"""Serve a GGUF file directly: its weights, quantized weights kept quantized
+where they lie in the file.
 
-The config (and, in the frontend, the tokenizer and chat template) come from
-the file's metadata through transformers' GGUF support; the tensors are read
-with the ``gguf`` package, renamed to HF's names and handed to the model's
-``load_weights``:
+The config (:mod:`paternoster.model.gguf_config`; and, in the frontend, the
+tokenizer and chat template) comes from the file's metadata through
+transformers' GGUF support; the tensors are read with the ``gguf`` package
+(:mod:`paternoster.model.gguf_file`), renamed to HF's names and handed to the
+model's ``load_weights``:
 
 - F32, F16, BF16 tensors: dense, cast to the model dtype (copied: norms,
   and the matrices of an unquantized file);
@@ -31,11 +32,8 @@ move).
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
 import logging
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,33 +41,24 @@ import numpy as np
 import torch
 
 from paternoster.kernels.quant import QuantizedWeight
+from paternoster.model.gguf_file import (
+    DENSE_TYPES,
+    DEQUANTIZED_TYPES,
+    QUANTIZED_TYPES,
+    file_architecture,
+    gguf_reader,
+    gguf_shards,
+)
 
 logger = logging.getLogger(__name__)
 
-#: GGUF ``general.architecture`` values served, and the HF class they load as.
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                      "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
-                      "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                      "smollm3": "SmolLM3ForCausalLM"}
 #: Architectures whose tensor names come from gguf-py's own name table
 #: (TensorNameMap, which llama.cpp's converter writes with) read backwards over
 #: the HF model's parameter names; the others use :data:`_LAYER_NAMES`.
 _NAME_MAP_ARCHITECTURES = ("gemma3", "phi3", "smollm3")
-#: Architectures transformers' GGUF support does not know: we build the
-#: config from the keys.
-OWN_CONFIG_ARCHITECTURES = ("smollm3",)
 #: Architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel
 #: and subclasses with ``undo_permute``).
 _PERMUTED_QK = ("llama", "smollm3")
-#: GGUF tensor types kept quantized, by our format name.
-QUANTIZED_TYPES = {t: t.lower() for t in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL",
-                                          "MXFP4", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")}
-#: GGUF tensor types loaded dense.
-DENSE_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-#: GGUF tensor types dequantized at load (to bfloat16): no kernel keeps them.
-DEQUANTIZED_TYPES = ("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
-                     "IQ3_S", "TQ1_0", "TQ2_0", "NVFP4")
-
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -94,86 +83,6 @@ _GLOBAL_NAMES = {
 }
 
 
-def is_gguf(path: str | Path) -> bool:
-    """True for a path naming a ``.gguf`` file (a directory so named is not one)."""
-    return str(path).lower().endswith(".gguf") and not Path(path).is_dir()
-
-
-def gguf_architecture(path: str | Path) -> str:
-    """The file's ``general.architecture``.
-
-    Raises:
-        ValueError: not a readable GGUF file, or the key is missing.
-    """
-    return _architecture(_reader(gguf_shards(path)[0]), path)
-
-
-def _architecture(reader, path: str | Path) -> str:
-    field = reader.fields.get("general.architecture")
-    if field is None:
-        raise ValueError(f"{path}: no general.architecture in the GGUF metadata")
-    return bytes(field.parts[field.data[0]]).decode()
-
-
-def load_gguf_config(path: str | Path):
-    """The transformers config of a GGUF file (from its metadata).
-
-    Raises:
-        ValueError: an architecture other than :data:`GGUF_ARCHITECTURES`
-            (the message lists them).
-    """
-    reader = _reader(gguf_shards(path)[0])
-    arch = _architecture(reader, path)
-    if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; "
-                         f"supported: {', '.join(GGUF_ARCHITECTURES)}")
-    from transformers import AutoConfig
-
-    p = Path(path)
-    try:
-        if arch in OWN_CONFIG_ARCHITECTURES:  # transformers has no GGUF mapping for it
-            config = _smollm3_config(reader, path)
-        else:
-            with _transformers_reuses_our_parse():
-                config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
-    except ValueError:
-        raise
-    except Exception as e:  # noqa: BLE001 - transformers' own GGUF reading, same file
-        raise ValueError(f"{path}: transformers cannot read its config from the GGUF "
-                         f"metadata, corrupt? ({type(e).__name__}: {e})") from e
-    config.architectures = [GGUF_ARCHITECTURES[arch]]
-    if arch == "gemma3":
-        # llama.cpp scales queries by 1 / sqrt(head size), except for the 27B
-        # model (62 layers), whose query_pre_attn_scalar is hidden / heads; the
-        # file has no key for it (transformers' default, 256, fits 1B-12B only).
-        heads = config.num_attention_heads
-        config.query_pre_attn_scalar = (config.hidden_size // heads
-                                        if config.num_hidden_layers == 62 else config.head_dim)
-    # transformers maps no head size for qwen3 (its config then defaults to
-    # 128): llama.cpp writes it as the key length.
-    key_length = _int_field(reader, f"{arch}.attention.key_length")
-    if key_length is not None:
-        config.head_dim = key_length
-    if arch == "qwen3moe":
-        # llama.cpp's qwen3moe: every layer routed, top-k weights renormalized
-        # (build_moe_ffn with norm_w); the expert width is its own key.
-        config.moe_intermediate_size = _int_field(reader, f"{arch}.expert_feed_forward_length")
-        config.norm_topk_prob = True
-        config.decoder_sparse_step = 1
-        config.mlp_only_layers = []
-    rope_freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    if rope_freqs is not None:
-        # llama.cpp's converter writes Llama 3's rope scaling as this tensor of
-        # per-frequency divisors (transformers' config mapping drops it).
-        config.rope_freq_factors = [float(v) for v in np.asarray(rope_freqs.data).reshape(-1)]
-    # Activations and KV cache in bfloat16 under --dtype auto (the weights keep their types).
-    config.dtype = "bfloat16"
-    # transformers' GGUF config mapping leaves the file's type; weights carry theirs.
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    return config
-
-
 def gguf_weights(path: str | Path,
                  hf_config) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """The tensors of a GGUF file under HF names, quantized ones kept so.
@@ -190,14 +99,14 @@ def gguf_weights(path: str | Path,
             tensor and listing them).
     """
     shards = gguf_shards(path)
-    reader = _reader(shards[0])
+    reader = gguf_reader(shards[0])
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    arch = _architecture(reader, path)
+    arch = file_architecture(reader, path)
     llama = arch in _PERMUTED_QK
     names = _names_from_table(hf_config, arch) if arch in _NAME_MAP_ARCHITECTURES else None
     dequantized: dict[str, int] = {}
-    tensors = [(t, shard) for shard in shards for t in _reader(shard).tensors]
+    tensors = [(t, shard) for shard in shards for t in gguf_reader(shard).tensors]
     for t, shard in tensors:
         expert = _expert_tensor(t.name)
         name = names.get(t.name) if names is not None else hf_name(t.name)
@@ -266,33 +175,6 @@ def _tensor(t, path: str | Path) -> torch.Tensor | QuantizedWeight:
         f"supported: {', '.join([*QUANTIZED_TYPES, *DENSE_TYPES, *DEQUANTIZED_TYPES])}")
 
 
-_SHARD_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
-
-
-def gguf_shards(path: str | Path) -> list[Path]:
-    """The files of a model: ``[path]``, or for the first file of a split
-    model (``name-00001-of-00003.gguf``, llama.cpp's ``gguf-split`` naming)
-    all of its files in order; the first holds the metadata.
-
-    Raises:
-        ValueError: a split model's other file was given (naming the first),
-            or one of its files is missing (naming it).
-    """
-    p = Path(path)
-    m = _SHARD_NAME.match(p.name)
-    if m is None:
-        return [p]
-    no, count = int(m["no"]), int(m["count"])
-    shards = [p.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
-    if no != 1:
-        raise ValueError(f"{path}: file {no} of a split model; serve its first file, "
-                         f"{shards[0].name}")
-    for shard in shards:
-        if not shard.is_file():
-            raise ValueError(f"{path}: {shard.name}, file of this split model, is missing")
-    return shards
-
-
 def _names_from_table(hf_config, arch: str) -> dict[str, str]:
     """GGUF tensor name -> HF parameter name for the HF model of ``hf_config``:
     gguf-py's TensorNameMap (the table llama.cpp's converter names tensors
@@ -356,115 +238,3 @@ def unpermute_rows(weight: torch.Tensor | QuantizedWeight,
     if isinstance(weight, QuantizedWeight):
         return QuantizedWeight(moved, weight.format, weight.in_features)
     return moved
-
-
-@contextlib.contextmanager
-def _transformers_reuses_our_parse() -> Iterator[None]:
-    """While active, ``gguf.GGUFReader(path)`` (which transformers' GGUF config
-    loader calls, importing the name at call time) returns this process's
-    parse of the file (:func:`_reader`) instead of parsing it again: the same
-    fields, once (Llama 3's 128k-token vocabulary: 11.8 s -> 0 s of a 1B
-    file's load, under cProfile). Restored on exit; load is single-threaded."""
-    import gguf
-
-    original = gguf.GGUFReader
-    gguf.GGUFReader = lambda path, mode="r": _reader(path)  # noqa: ARG005 - read-only use
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = original
-
-
-def _smollm3_config(reader, path: str | Path):
-    """SmolLM3's config from llama.cpp's ``smollm3`` keys (NoPE on every 4th
-    layer, as llama.cpp hard-codes it and HF's config defaults)."""
-    from transformers import SmolLM3Config
-
-    def need(key: str) -> int:
-        value = _int_field(reader, f"smollm3.{key}")
-        if value is None:
-            raise ValueError(f"{path}: no smollm3.{key} in the GGUF metadata")
-        return value
-
-    vocab = _int_field(reader, "smollm3.vocab_size")
-    if vocab is None:
-        field = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(field.data) if field is not None else need("vocab_size")
-    return SmolLM3Config(
-        hidden_size=need("embedding_length"), intermediate_size=need("feed_forward_length"),
-        num_hidden_layers=need("block_count"), num_attention_heads=need("attention.head_count"),
-        num_key_value_heads=need("attention.head_count_kv"), vocab_size=vocab,
-        max_position_embeddings=need("context_length"),
-        rope_theta=_float_field(reader, "smollm3.rope.freq_base") or 10000.0,
-        rms_norm_eps=_float_field(reader, "smollm3.attention.layer_norm_rms_epsilon") or 1e-6,
-        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-        no_rope_layer_interval=4,
-        bos_token_id=_int_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_int_field(reader, "tokenizer.ggml.eos_token_id"),
-        pad_token_id=_int_field(reader, "tokenizer.ggml.padding_token_id"))
-
-
-def _float_field(reader, key: str) -> float | None:
-    field = reader.fields.get(key)
-    return None if field is None else float(field.parts[field.data[0]][0])
-
-
-def _int_field(reader, key: str) -> int | None:
-    field = reader.fields.get(key)
-    return None if field is None else int(field.parts[field.data[0]][0])
-
-
-def _reader(path: str | Path):
-    """The file's parsed header and tensor list (one parse per file per
-    process while the file is unchanged: a vocabulary of 150k strings takes
-    seconds to parse), whatever spelling of the path names it.
-
-    Raises:
-        ValueError: no such file, or not a readable GGUF file (naming it and
-            the reader's reason: a truncated file, a tensor type this gguf
-            package does not know).
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{path}: no such GGUF file")
-    stat = p.stat()
-    try:
-        return _cached_reader(str(p.resolve()), stat.st_size, stat.st_mtime_ns)
-    except Exception as e:  # noqa: BLE001 - the reader fails in many ways on a cut file
-        reason = f"{type(e).__name__}: {e}"
-        if "GGMLQuantizationType" in str(e):
-            raise ValueError(f"{path}: a tensor type this gguf package does not know "
-                             f"({reason}); supported: "
-                             f"{', '.join([*QUANTIZED_TYPES, *DENSE_TYPES, *DEQUANTIZED_TYPES])}"
-                             ) from e
-        raise ValueError(f"{path}: not a readable GGUF file, truncated or corrupt? "
-                         f"({reason})") from e
-
-
-@functools.lru_cache(maxsize=1)
-def _fast_reader_class():
-    """gguf-py's reader over a plain ndarray view of its memory map: the same
-    parse, ~4x faster (slicing a ``numpy.memmap`` runs Python-level
-    ``__array_finalize__`` for each of the millions of small reads a
-    vocabulary takes: 2.7 s -> 0.7 s for SmolLM2's 49k-token file). Built on
-    the class in its own module, which :func:`_transformers_reuses_our_parse`
-    never replaces."""
-    from gguf.gguf_reader import GGUFReader
-
-    class _Reader(GGUFReader):
-        @property
-        def data(self):
-            return self._plain
-
-        @data.setter
-        def data(self, value) -> None:
-            self._plain = value.view(np.ndarray)  # keeps the map alive (its base)
-
-    return _Reader
-
-
-@functools.lru_cache(maxsize=2)
-def _cached_reader(resolved: str, size: int, mtime_ns: int):
-    # Copy-on-write: writable arrays for torch, pages shared with the page
-    # cache until written (we never write them).
-    return _fast_reader_class()(resolved, "c")

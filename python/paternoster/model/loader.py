@@ -15,7 +15,9 @@ import torch
 
 from paternoster.model.attention import AttentionOps
 from paternoster.model.gemma3 import Gemma3ForCausalLM
-from paternoster.model.gguf import gguf_architecture, gguf_weights, is_gguf, load_gguf_config
+from paternoster.model.gguf import gguf_weights
+from paternoster.model.gguf_config import load_gguf_config
+from paternoster.model.gguf_file import gguf_architecture, is_gguf
 from paternoster.model.gpt_oss import GptOssForCausalLM
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from paternoster.model.mixtral import MixtralForCausalLM
@@ -74,7 +76,7 @@ def _local_model(model: str | Path) -> Path:
 
 def load_hf_config(model_dir: str | Path):
     """``transformers.AutoConfig`` of a local model directory (no remote code),
-    or of a ``.gguf`` file (:func:`paternoster.model.gguf.load_gguf_config`).
+    or of a ``.gguf`` file (:func:`paternoster.model.gguf_config.load_gguf_config`).
 
     Raises:
         ValueError: no such path, or a directory without ``config.json``.

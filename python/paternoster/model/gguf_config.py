@@ -1,0 +1,136 @@
+"""The transformers config of a GGUF file, from its metadata: through
+transformers' GGUF support (which reuses this process's parse of the file),
+or built from the keys where transformers has no mapping (smollm3), with the
+keys llama.cpp writes that transformers' mapping drops (head size, Llama 3's
+rope frequency factors, Qwen3-MoE's routing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from paternoster.model.gguf_file import (
+    file_architecture,
+    float_field,
+    gguf_reader,
+    gguf_shards,
+    int_field,
+)
+
+#: GGUF ``general.architecture`` values served, and the HF class they load as.
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                      "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
+                      "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                      "smollm3": "SmolLM3ForCausalLM"}
+#: Architectures transformers' GGUF support does not know: we build the
+#: config from the keys.
+OWN_CONFIG_ARCHITECTURES = ("smollm3",)
+
+def load_gguf_config(path: str | Path):
+    """The transformers config of a GGUF file (from its metadata).
+
+    Raises:
+        ValueError: an architecture other than :data:`GGUF_ARCHITECTURES`
+            (the message lists them).
+    """
+    reader = gguf_reader(gguf_shards(path)[0])
+    arch = file_architecture(reader, path)
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; "
+                         f"supported: {', '.join(GGUF_ARCHITECTURES)}")
+    from transformers import AutoConfig
+
+    p = Path(path)
+    try:
+        if arch in OWN_CONFIG_ARCHITECTURES:  # transformers has no GGUF mapping for it
+            config = _smollm3_config(reader, path)
+        else:
+            with _transformers_reuses_our_parse():
+                config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - transformers' own GGUF reading, same file
+        raise ValueError(f"{path}: transformers cannot read its config from the GGUF "
+                         f"metadata, corrupt? ({type(e).__name__}: {e})") from e
+    config.architectures = [GGUF_ARCHITECTURES[arch]]
+    if arch == "gemma3":
+        # llama.cpp scales queries by 1 / sqrt(head size), except for the 27B
+        # model (62 layers), whose query_pre_attn_scalar is hidden / heads; the
+        # file has no key for it (transformers' default, 256, fits 1B-12B only).
+        heads = config.num_attention_heads
+        config.query_pre_attn_scalar = (config.hidden_size // heads
+                                        if config.num_hidden_layers == 62 else config.head_dim)
+    # transformers maps no head size for qwen3 (its config then defaults to
+    # 128): llama.cpp writes it as the key length.
+    key_length = int_field(reader, f"{arch}.attention.key_length")
+    if key_length is not None:
+        config.head_dim = key_length
+    if arch == "qwen3moe":
+        # llama.cpp's qwen3moe: every layer routed, top-k weights renormalized
+        # (build_moe_ffn with norm_w); the expert width is its own key.
+        config.moe_intermediate_size = int_field(reader, f"{arch}.expert_feed_forward_length")
+        config.norm_topk_prob = True
+        config.decoder_sparse_step = 1
+        config.mlp_only_layers = []
+    rope_freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if rope_freqs is not None:
+        # llama.cpp's converter writes Llama 3's rope scaling as this tensor of
+        # per-frequency divisors (transformers' config mapping drops it).
+        config.rope_freq_factors = [float(v) for v in np.asarray(rope_freqs.data).reshape(-1)]
+    # Activations and KV cache in bfloat16 under --dtype auto (the weights keep their types).
+    config.dtype = "bfloat16"
+    # transformers' GGUF config mapping leaves the file's type; weights carry theirs.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    return config
+
+
+@contextlib.contextmanager
+def _transformers_reuses_our_parse() -> Iterator[None]:
+    """While active, ``gguf.GGUFReader(path)`` (which transformers' GGUF config
+    loader calls, importing the name at call time) returns this process's
+    parse of the file (:func:`~paternoster.model.gguf_file.gguf_reader`)
+    instead of parsing it again: the same fields, once (Llama 3's 128k-token
+    vocabulary: 11.8 s -> 0 s of a 1B file's load, under cProfile). Restored
+    on exit; load is single-threaded."""
+    import gguf
+
+    original = gguf.GGUFReader
+    gguf.GGUFReader = lambda path, mode="r": gguf_reader(path)  # noqa: ARG005 - read-only use
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
+def _smollm3_config(reader, path: str | Path):
+    """SmolLM3's config from llama.cpp's ``smollm3`` keys (NoPE on every 4th
+    layer, as llama.cpp hard-codes it and HF's config defaults)."""
+    from transformers import SmolLM3Config
+
+    def need(key: str) -> int:
+        value = int_field(reader, f"smollm3.{key}")
+        if value is None:
+            raise ValueError(f"{path}: no smollm3.{key} in the GGUF metadata")
+        return value
+
+    vocab = int_field(reader, "smollm3.vocab_size")
+    if vocab is None:
+        field = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(field.data) if field is not None else need("vocab_size")
+    return SmolLM3Config(
+        hidden_size=need("embedding_length"), intermediate_size=need("feed_forward_length"),
+        num_hidden_layers=need("block_count"), num_attention_heads=need("attention.head_count"),
+        num_key_value_heads=need("attention.head_count_kv"), vocab_size=vocab,
+        max_position_embeddings=need("context_length"),
+        rope_theta=float_field(reader, "smollm3.rope.freq_base") or 10000.0,
+        rms_norm_eps=float_field(reader, "smollm3.attention.layer_norm_rms_epsilon") or 1e-6,
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        no_rope_layer_interval=4,
+        bos_token_id=int_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=int_field(reader, "tokenizer.ggml.eos_token_id"),
+        pad_token_id=int_field(reader, "tokenizer.ggml.padding_token_id"))
