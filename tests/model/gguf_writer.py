@@ -70,7 +70,8 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "q8_0",
                      layer_types: dict[str, str] | None = None,
                      arch: str = "llama",
-                     split_max_tensors: int = 0) -> dict[str, torch.Tensor]:
+                     split_max_tensors: int = 0,
+                     tokenizer: bool = True) -> dict[str, torch.Tensor]:
     """Write ``hf_model`` (an HF ``LlamaForCausalLM``, or ``Qwen3ForCausalLM``
     with ``arch="qwen3"``: no q/k row permutation, the head size as the key
     and value lengths, the per-head q/k norms; or ``Qwen3MoeForCausalLM`` with
@@ -91,6 +92,7 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
         layer_types: per HF-suffix overrides (e.g. ``{"self_attn.v_proj": "q8_0"}``).
         split_max_tensors: > 0: split into files of at most this many tensors
             (``path``'s stem + ``-00001-of-0000N.gguf``, gguf-split's naming).
+        tokenizer: False: no ``tokenizer.*`` keys (a file without its tokenizer).
     Returns:
         The HF state dict with every tensor replaced by what the file holds,
         dequantized by gguf-py and un-permuted (the reference weights).
@@ -124,16 +126,8 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     if rope_scaling.get("rope_type") == "llama3":  # as LlamaModel.generate_extra_tensors
         w.add_tensor("rope_freqs.weight", _llama3_rope_factors(rope_scaling, head_dim))
     w.add_file_type(1)
-    # A byte-level BPE vocabulary of the right size, so transformers can read the file.
-    tokens = ["<s>", "</s>", "<unk>", "a", "b", "ab"]
-    tokens += [f"x{i}" for i in range(cfg.vocab_size - len(tokens))]
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (cfg.vocab_size - 3))
-    w.add_token_scores([0.0] * cfg.vocab_size)
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    if tokenizer:
+        _write_tokenizer(w, cfg.vocab_size)
     reference: dict[str, torch.Tensor] = {}
     for name, tensor in hf_model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -190,6 +184,19 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     if cfg.tie_word_embeddings:
         reference["lm_head.weight"] = reference["model.embed_tokens.weight"]
     return reference
+
+
+def _write_tokenizer(w: GGUFWriter, vocab_size: int) -> None:
+    """A byte-level BPE vocabulary of ``vocab_size``, so transformers can read the file."""
+    tokens = ["<s>", "</s>", "<unk>", "a", "b", "ab"]
+    tokens += [f"x{i}" for i in range(vocab_size - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (vocab_size - 3))
+    w.add_token_scores([0.0] * vocab_size)
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
 
 
 def _llama3_rope_factors(params: dict, head_dim: int) -> np.ndarray:

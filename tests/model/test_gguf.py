@@ -338,6 +338,26 @@ def test_bad_files_get_clear_errors(tmp_path):
     assert not is_gguf(tmp_path / "dir.gguf") and is_gguf(good)
 
 
+def test_a_mis_shaped_tensor_or_no_tokenizer_names_the_file(tmp_path):
+    """A tensor whose shape disagrees with the file's metadata, and a file
+    without a tokenizer: one ValueError from LLM(...) naming the file and
+    what is wrong (the server's start logs the same line and exits 1)."""
+    from paternoster import LLM
+
+    hf = _hf_llama(5, True)
+    hf.config.intermediate_size += 32  # the metadata says 128 rows; the tensors have 96
+    bad = tmp_path / "bad.gguf"
+    write_llama_gguf(hf, bad, "q8_0")
+    with pytest.raises(ValueError, match=r"bad\.gguf: weight model\.layers\.0\.mlp\.gate_proj"
+                                         r"\.weight has shape \(96, 64\), expected \(128, 64\)"):
+        LLM(str(bad))
+    hf.config.intermediate_size -= 32
+    bare = tmp_path / "bare.gguf"
+    write_llama_gguf(hf, bare, "q8_0", tokenizer=False)
+    with pytest.raises(ValueError, match=r"bare\.gguf: no tokenizer in the GGUF metadata"):
+        LLM(str(bare))
+
+
 def test_served_name_is_the_file_name_without_suffix(tmp_path):
     from paternoster import LLM
 

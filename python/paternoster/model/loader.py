@@ -17,7 +17,7 @@ from paternoster.model.attention import AttentionOps
 from paternoster.model.gemma3 import Gemma3ForCausalLM
 from paternoster.model.gguf import gguf_weights
 from paternoster.model.gguf_config import load_gguf_config
-from paternoster.model.gguf_file import gguf_architecture, is_gguf
+from paternoster.model.gguf_file import gguf_architecture, gguf_reader, gguf_shards, is_gguf
 from paternoster.model.gpt_oss import GptOssForCausalLM
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from paternoster.model.mixtral import MixtralForCausalLM
@@ -122,13 +122,16 @@ def load_tokenizer(model: str | Path):
         ValueError: no such path, a directory without tokenizer files
             (:data:`TOKENIZER_FILES`; transformers would otherwise build an
             empty tokenizer from config.json alone), or a GGUF file that is
-            truncated or corrupt.
+            truncated or corrupt or has no tokenizer in its metadata.
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     p = _local_model(model)
     if is_gguf(p):
         gguf_architecture(p)  # a cut or corrupt file: our clear ValueError first
+        if "tokenizer.ggml.model" not in gguf_reader(gguf_shards(p)[0]).fields:
+            raise ValueError(f"{p}: no tokenizer in the GGUF metadata (no tokenizer.ggml.model "
+                             f"key); serve a file written with its tokenizer")
         # transformers builds the tokenizer from the file's vocabulary alone;
         # AutoTokenizer would first parse the whole file once more for the
         # config (which it maps for some architectures only) and pick a class
@@ -266,7 +269,12 @@ def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: Attent
             model = cls(hf_config, dtype, ops, **kwargs)
     weights = (gguf_weights(model_dir, hf_config) if is_gguf(model_dir)
                else iter_safetensors(model_dir))
-    unused = model.load_weights(weights)
+    try:
+        unused = model.load_weights(weights)
+    except ValueError as e:  # name the file: a mis-shaped tensor says only its name
+        if str(e).startswith(str(model_dir)):
+            raise
+        raise ValueError(f"{model_dir}: {e}") from e
     quantized = model.quantized_weights()
     if quantized and device is not None and torch.device(device).type != "cpu":
         model.dequantize_weights()
