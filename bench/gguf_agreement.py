@@ -54,12 +54,21 @@ def llamacpp_top(url: str, tokens: list[int], k: int) -> list[dict[int, float]]:
     ``tokens[:i + 1]`` (i = 0 .. len - 2)."""
     out = []
     for i in range(1, len(tokens)):
-        body = {"prompt": tokens[:i], "n_predict": 1, "n_probs": k, "temperature": 0,
-                "cache_prompt": True, "post_sampling_probs": False}
-        req = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            reply = json.loads(r.read())
+        reply: dict = {}
+        # A token that ends inside a UTF-8 character is held back with its
+        # probabilities until the character completes: predict a few more then.
+        for n_predict in (1, 4, 8):
+            body = {"prompt": tokens[:i], "n_predict": n_predict, "n_probs": k,
+                    "temperature": 0, "cache_prompt": True, "post_sampling_probs": False,
+                    "ignore_eos": True}  # an end-of-generation argmax reports its probabilities
+            req = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                reply = json.loads(r.read())
+            if reply.get("completion_probabilities"):
+                break
+        else:
+            raise RuntimeError(f"llama-server gave no probabilities after {i} tokens: {reply}")
         top = reply["completion_probabilities"][0]["top_logprobs"]
         out.append({int(t["id"]): math.exp(t["logprob"]) for t in top})
     return out
@@ -78,17 +87,28 @@ def our_logits(model: Path, tokens: list[int], threads: int, dtype: str = "auto"
     torch.set_num_threads(threads)
     n, bs = len(tokens), 16
     blocks = n // bs + 1
+    probe = ModelRunner(ModelConfig(model=str(model), dtype=dtype),
+                        CacheConfig(block_size=bs, num_kv_blocks=4))
+    groups = probe.kv_layout.num_groups  # e.g. sliding-window and full layers
+    del probe
     runner = ModelRunner(ModelConfig(model=str(model), dtype=dtype),
-                         CacheConfig(block_size=bs, num_kv_blocks=blocks + 2))
-    batch = {  # one sequence, one prefill, blocks 0 .. blocks - 1 in order
+                         CacheConfig(block_size=bs, num_kv_blocks=groups * blocks + 2))
+    # one sequence, one prefill; KV cache group g holds blocks g * blocks ..
+    tables = [np.arange(g * blocks, (g + 1) * blocks, dtype=np.int32)[None]
+              for g in range(groups)]
+    slots = [np.arange(n, dtype=np.int64) + g * blocks * bs for g in range(groups)]
+    batch = {
         "input_ids": np.asarray(tokens, np.int64),
         "positions": np.arange(n, dtype=np.int64),
-        "slot_mapping": np.arange(n, dtype=np.int64),
-        "block_tables": np.arange(blocks, dtype=np.int32)[None],
+        "slot_mapping": slots[0],
+        "block_tables": tables[0],
         "seq_lens": np.asarray([n], np.int32),
         "query_start_loc": np.asarray([0, n], np.int32),
         "logits_indices": np.arange(n, dtype=np.int64),
     }
+    if groups > 1:
+        batch["group_slot_mapping"] = np.stack(slots[1:])
+        batch["group_block_tables"] = np.stack(tables[1:])
     return runner.compute_logits(batch)[:-1].float()
 
 

@@ -267,3 +267,95 @@ def _write_experts(w: GGUFWriter, name: str, tensor: torch.Tensor, kind: str) ->
         values.append(quants.dequantize(data, qtype).reshape(part.shape))
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(values, axis=1),
                                                  dtype=np.float32))
+
+
+def write_gpt_oss_gguf(hf_model, path: Path, matrix_type: str,
+                       expert_type: str) -> dict[str, torch.Tensor]:
+    """Write an HF ``GptOssForCausalLM`` as llama.cpp's GptOssModel converter
+    does (checked on its output for a tiny random checkpoint, and that file
+    against llama-server: bench/gguf_agreement.py): ``gpt-oss`` keys with the
+    YaRN scaling, gguf-py's name table, sinks as ``attn_sinks.weight``, the
+    router and biases in F32, each layer's fused ``gate_up_proj``
+    ``[E, H, 2I]`` (gate and up columns interleaved) split into
+    ``ffn_gate_exps`` / ``ffn_up_exps`` ``[E, I, H]`` and ``down_proj``
+    ``[E, I, H]`` written as ``ffn_down_exps`` ``[E, H, I]``.
+
+    Args:
+        matrix_type: type of the attention matrices, embedding and output.
+        expert_type: type of the expert matrices (``mxfp4``, as published).
+    Returns:
+        The HF state dict with every tensor as the file holds it
+        (dequantized by gguf-py), in HF's layout.
+    """
+    from gguf import RopeScalingType
+
+    cfg = hf_model.config
+    rope = cfg.rope_parameters
+    w = GGUFWriter(str(path), "gpt-oss")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(rope["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_expert_count(cfg.num_local_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_expert_feed_forward_length(cfg.intermediate_size)
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(float(rope["factor"]))
+    w.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+    w.add_rope_scaling_yarn_beta_fast(float(rope["beta_fast"]))
+    w.add_rope_scaling_yarn_beta_slow(float(rope["beta_slow"]))
+    w.add_file_type(1)
+    _write_tokenizer(w, cfg.vocab_size)
+    layers = cfg.num_hidden_layers
+
+    def put(gguf_name: str, array: np.ndarray, kind: str) -> np.ndarray:
+        qtype = QTYPES[kind]
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        if qtype == GGMLQuantizationType.F32:
+            w.add_tensor(gguf_name, array)
+            return array
+        shape = array.shape
+        data = quants.quantize(array.reshape(-1, shape[-1]), qtype)
+        w.add_tensor(gguf_name, data.reshape(*shape[:-1], -1), raw_dtype=qtype)
+        return quants.dequantize(data, qtype).reshape(shape)
+
+    reference: dict[str, torch.Tensor] = {}
+    for name, tensor in hf_model.state_dict().items():
+        array = tensor.float().numpy()
+        if ".mlp.experts." in name:
+            at = f"blk.{name.split('.')[2]}"
+            if name.endswith("gate_up_proj"):  # [E, H, 2I] -> gate, up [E, I, H]
+                gate = put(f"{at}.ffn_gate_exps.weight", array[:, :, 0::2].swapaxes(1, 2),
+                           expert_type)
+                up = put(f"{at}.ffn_up_exps.weight", array[:, :, 1::2].swapaxes(1, 2),
+                         expert_type)
+                out = np.empty_like(array)
+                out[:, :, 0::2], out[:, :, 1::2] = gate.swapaxes(1, 2), up.swapaxes(1, 2)
+            elif name.endswith("gate_up_proj_bias"):  # [E, 2I]
+                out = np.empty_like(array)
+                out[:, 0::2] = put(f"{at}.ffn_gate_exps.bias", array[:, 0::2], "f32")
+                out[:, 1::2] = put(f"{at}.ffn_up_exps.bias", array[:, 1::2], "f32")
+            elif name.endswith("down_proj"):  # [E, I, H] -> [E, H, I]
+                out = put(f"{at}.ffn_down_exps.weight", array.swapaxes(1, 2),
+                          expert_type).swapaxes(1, 2)
+            else:  # down_proj_bias [E, H]
+                out = put(f"{at}.ffn_down_exps.bias", array, "f32")
+            reference[name] = torch.from_numpy(np.ascontiguousarray(out))
+            continue
+        gguf_name = _table_name("gpt-oss", layers, name)
+        if name.endswith(".sinks"):
+            gguf_name += ".weight"  # the converter's filter_tensors
+        kind = matrix_type if array.ndim == 2 and ".router." not in name else "f32"
+        reference[name] = torch.from_numpy(put(gguf_name, array, kind))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return reference

@@ -420,3 +420,43 @@ def test_qwen3_moe_gguf_logits_match_hf(tmp_path, fmt):
     assert (ours - hf_logits(hf, tokens)).abs().max() < 1e-4
     ids, ref = greedy_matches_hf_generate(path, hf, kernels, [5, 9, 33, 2, 17], 8)
     assert ids == ref
+
+
+@pytest.mark.parametrize("experts", ["mxfp4", "q8_0"])
+def test_gpt_oss_gguf_logits_match_hf(tmp_path, experts):
+    """A gpt-oss GGUF as llama.cpp's converter writes it (sinks, biases,
+    fused experts split into gate/up/down stacks, YaRN and the window from
+    the keys), expert matrices kept quantized where they lie in the file:
+    float32 logits over a chunked prefill past the window and then one-token
+    decode steps through the paged cache match HF's GptOssForCausalLM on the
+    file's dequantized weights (with llama.cpp's whole-dimension YaRN
+    correction range, HF's ``truncate``). The default mode's 8-bit
+    activations for the MXFP4 experts are checked in
+    tests/core/test_linear_gguf_types.py; on a model this small they flip
+    routing choices, so greedy ids are no test of them here."""
+    from .gguf_writer import write_gpt_oss_gguf
+    from .test_gpt_oss import WINDOW, _config, _hf_model
+
+    # The file has no key for the SwiGLU limit: llama.cpp fixes gpt-oss's 7.
+    cfg = _config(max_position_embeddings=256, swiglu_limit=7.0)
+    path = tmp_path / f"tiny-gpt-oss-{experts}.gguf"
+    weights = write_gpt_oss_gguf(_hf_model(cfg, 43), path, "q8_0", experts)
+    cfg.rope_parameters["truncate"] = True
+    hf = _hf_model(cfg, 43)
+    hf.load_state_dict(weights)
+    runner = _runner(path)
+    assert type(runner.model).__name__ == "GptOssForCausalLM"
+    moe = runner.model.layers[0].mlp
+    assert isinstance(moe.gate_up_weight, WeightParts)
+    assert moe.gate_up_weight.format.split("+")[0] == experts
+    assert all(p.mapped for p in moe.down_weight.parts)
+    tokens = torch.randint(3, 128, (37,), generator=torch.Generator().manual_seed(2)).tolist()
+    maker = BatchMaker(128, BLOCK_SIZE, num_groups=runner.kv_layout.num_groups)
+    split = 3 * WINDOW // 2
+    outs = [runner.compute_logits(maker.batch([Chunk("a", tokens, 0, split)])),
+            runner.compute_logits(maker.batch([Chunk("a", tokens, split, 30 - split)]))]
+    outs += [runner.compute_logits(maker.batch([Chunk("a", tokens, p, 1)]))
+             for p in range(30, 37)]
+    ours = torch.cat(outs)
+    ref = hf_logits(hf, tokens)
+    assert (ours - ref).abs().max() < 1e-4 * ref.abs().max()

@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 #: Architectures whose tensor names come from gguf-py's own name table
 #: (TensorNameMap, which llama.cpp's converter writes with) read backwards over
 #: the HF model's parameter names; the others use :data:`_LAYER_NAMES`.
-_NAME_MAP_ARCHITECTURES = ("gemma3", "phi3", "smollm3")
+_NAME_MAP_ARCHITECTURES = ("gemma3", "phi3", "smollm3", "gpt-oss")
 #: Architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel
 #: and subclasses with ``undo_permute``).
 _PERMUTED_QK = ("llama", "smollm3")
@@ -73,7 +73,8 @@ _LAYER_NAMES = {
     "attn_k_norm": "self_attn.k_norm",
     "ffn_gate_inp": "mlp.gate",  # qwen3moe: the router
 }
-#: Stacked expert matrices ([experts, rows, in_features]) -> HF's per-expert name.
+#: Stacked expert matrices ([experts, rows, in_features]) and their biases
+#: ([experts, rows], gpt-oss) -> HF's per-expert name.
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
                  "ffn_down_exps": "down_proj"}
 _GLOBAL_NAMES = {
@@ -116,13 +117,15 @@ def gguf_weights(path: str | Path,
         if t.tensor_type.name in DEQUANTIZED_TYPES:
             dequantized[t.tensor_type.name] = dequantized.get(t.tensor_type.name, 0) + 1
         if expert is not None:
-            # GGML order (K, rows, E): expert e's matrix is rows [e * rows, (e + 1) * rows).
-            layer, proj = expert
-            rows = int(t.shape[1])
-            for e in range(int(t.shape[2])):
+            # GGML order (K, rows, E): expert e's matrix is rows [e * rows, (e + 1) * rows);
+            # a bias (rows, E) is [E, rows] in HF order.
+            layer, proj, leaf = expert
+            experts = int(t.shape[-1])
+            rows = int(t.shape[1]) if leaf == "weight" else 0
+            for e in range(experts):
                 part = (weight[e * rows:(e + 1) * rows] if isinstance(weight, QuantizedWeight)
                         else weight[e])
-                yield f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight", part
+                yield f"model.layers.{layer}.mlp.experts.{e}.{proj}.{leaf}", part
             continue
         if llama and name.endswith(("q_proj.weight", "k_proj.weight")):
             weight = unpermute_rows(weight, heads if "q_proj" in name else kv_heads)
@@ -192,17 +195,22 @@ def _names_from_table(hf_config, arch: str) -> dict[str, str]:
     for key in model.state_dict():
         name = table.get_name(key, try_suffixes=(".weight", ".bias"))
         if name is not None:
-            out[name] = key
+            # A parameter without a .weight/.bias suffix (gpt-oss's
+            # self_attn.sinks) is written as name + ".weight" (the converter's
+            # filter_tensors).
+            suffixed = key.endswith((".weight", ".bias"))
+            out[name if suffixed else f"{name}.weight"] = key
     return out
 
 
-def _expert_tensor(gguf_name: str) -> tuple[str, str] | None:
-    """(layer, HF projection) of a stacked expert tensor
-    (``blk.3.ffn_up_exps.weight`` -> ``("3", "up_proj")``), None for any other."""
+def _expert_tensor(gguf_name: str) -> tuple[str, str, str] | None:
+    """(layer, HF projection, ``weight`` or ``bias``) of a stacked expert
+    tensor (``blk.3.ffn_up_exps.weight`` -> ``("3", "up_proj", "weight")``),
+    None for any other."""
     parts = gguf_name.split(".")
     if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _EXPERT_NAMES:
         return None
-    return (parts[1], _EXPERT_NAMES[parts[2]]) if parts[3] == "weight" else None
+    return (parts[1], _EXPERT_NAMES[parts[2]], parts[3]) if parts[3] in ("weight", "bias") else None
 
 
 def hf_name(gguf_name: str) -> str | None:

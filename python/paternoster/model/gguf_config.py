@@ -25,10 +25,11 @@ from paternoster.model.gguf_file import (
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                       "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                      "smollm3": "SmolLM3ForCausalLM"}
-#: Architectures transformers' GGUF support does not know: we build the
-#: config from the keys.
-OWN_CONFIG_ARCHITECTURES = ("smollm3",)
+                      "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM"}
+#: Architectures whose config we build from the keys: transformers' GGUF
+#: support does not know smollm3, and fails on gpt-oss's rope scaling keys
+#: (transformers 5.24 reads a field's first part, its key's length, as the value).
+OWN_CONFIG_ARCHITECTURES = ("smollm3", "gpt-oss")
 
 def load_gguf_config(path: str | Path):
     """The transformers config of a GGUF file (from its metadata).
@@ -46,8 +47,10 @@ def load_gguf_config(path: str | Path):
 
     p = Path(path)
     try:
-        if arch in OWN_CONFIG_ARCHITECTURES:  # transformers has no GGUF mapping for it
+        if arch == "smollm3":
             config = _smollm3_config(reader, path)
+        elif arch == "gpt-oss":
+            config = _gpt_oss_config(reader, path)
         else:
             with _transformers_reuses_our_parse():
                 config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
@@ -107,30 +110,93 @@ def _transformers_reuses_our_parse() -> Iterator[None]:
         gguf.GGUFReader = original
 
 
+def _required_int(reader, path: str | Path, key: str) -> int:
+    """Metadata ``key`` as an int.
+
+    Raises:
+        ValueError: the key is missing (naming the file and key).
+    """
+    value = int_field(reader, key)
+    if value is None:
+        raise ValueError(f"{path}: no {key} in the GGUF metadata")
+    return value
+
+
+def _vocab_size(reader, path: str | Path, arch: str) -> int:
+    """``{arch}.vocab_size``, else the length of the token list (llama.cpp's
+    converter writes the key for some architectures only)."""
+    vocab = int_field(reader, f"{arch}.vocab_size")
+    if vocab is None:
+        field = reader.fields.get("tokenizer.ggml.tokens")
+        vocab = len(field.data) if field is not None else _required_int(
+            reader, path, f"{arch}.vocab_size")
+    return vocab
+
+
+def _special_tokens(reader) -> dict[str, int | None]:
+    """bos/eos/pad token ids from the ``tokenizer.ggml.*`` keys."""
+    return {f"{k}_token_id": int_field(reader, f"tokenizer.ggml.{key}")
+            for k, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
+                           ("pad", "padding_token_id"))}
+
+
+def _untied(reader) -> bool:
+    """True when the file has its own ``output.weight`` (else tied to the embedding)."""
+    return any(t.name == "output.weight" for t in reader.tensors)
+
+
 def _smollm3_config(reader, path: str | Path):
     """SmolLM3's config from llama.cpp's ``smollm3`` keys (NoPE on every 4th
     layer, as llama.cpp hard-codes it and HF's config defaults)."""
     from transformers import SmolLM3Config
 
     def need(key: str) -> int:
-        value = int_field(reader, f"smollm3.{key}")
-        if value is None:
-            raise ValueError(f"{path}: no smollm3.{key} in the GGUF metadata")
-        return value
+        return _required_int(reader, path, f"smollm3.{key}")
 
-    vocab = int_field(reader, "smollm3.vocab_size")
-    if vocab is None:
-        field = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(field.data) if field is not None else need("vocab_size")
     return SmolLM3Config(
         hidden_size=need("embedding_length"), intermediate_size=need("feed_forward_length"),
         num_hidden_layers=need("block_count"), num_attention_heads=need("attention.head_count"),
-        num_key_value_heads=need("attention.head_count_kv"), vocab_size=vocab,
+        num_key_value_heads=need("attention.head_count_kv"),
+        vocab_size=_vocab_size(reader, path, "smollm3"),
         max_position_embeddings=need("context_length"),
         rope_theta=float_field(reader, "smollm3.rope.freq_base") or 10000.0,
         rms_norm_eps=float_field(reader, "smollm3.attention.layer_norm_rms_epsilon") or 1e-6,
-        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-        no_rope_layer_interval=4,
-        bos_token_id=int_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=int_field(reader, "tokenizer.ggml.eos_token_id"),
-        pad_token_id=int_field(reader, "tokenizer.ggml.padding_token_id"))
+        tie_word_embeddings=not _untied(reader), no_rope_layer_interval=4,
+        **_special_tokens(reader))
+
+
+def _gpt_oss_config(reader, path: str | Path):
+    """gpt-oss's config from llama.cpp's ``gpt-oss`` keys (its GptOssModel
+    converter): sliding-window layers first and alternating (llama.cpp's
+    ``set_swa_pattern(2)``, HF's default ``layer_types``), and the YaRN
+    scaling with llama.cpp's whole-dimension correction range (its
+    ``ggml_rope_yarn_corr_dims`` floors and ceils: HF's ``truncate``; the
+    released HF configs say ``truncate: false``, a difference of a fraction
+    of one dimension pair's blend)."""
+    from transformers import GptOssConfig
+
+    def need(key: str) -> int:
+        return _required_int(reader, path, f"gpt-oss.{key}")
+
+    rope: dict = {"rope_type": "default",
+                  "rope_theta": float_field(reader, "gpt-oss.rope.freq_base") or 150000.0}
+    kind = reader.fields.get("gpt-oss.rope.scaling.type")
+    if kind is not None and bytes(kind.parts[kind.data[0]]).decode() == "yarn":
+        rope.update(
+            rope_type="yarn", factor=float_field(reader, "gpt-oss.rope.scaling.factor") or 1.0,
+            original_max_position_embeddings=need("rope.scaling.original_context_length"),
+            beta_fast=float_field(reader, "gpt-oss.rope.scaling.yarn_beta_fast") or 32.0,
+            beta_slow=float_field(reader, "gpt-oss.rope.scaling.yarn_beta_slow") or 1.0,
+            truncate=True)
+    return GptOssConfig(
+        hidden_size=need("embedding_length"),
+        intermediate_size=need("expert_feed_forward_length"),
+        num_hidden_layers=need("block_count"), num_attention_heads=need("attention.head_count"),
+        num_key_value_heads=need("attention.head_count_kv"),
+        head_dim=need("attention.key_length"), num_local_experts=need("expert_count"),
+        num_experts_per_tok=need("expert_used_count"),
+        sliding_window=need("attention.sliding_window"),
+        vocab_size=_vocab_size(reader, path, "gpt-oss"),
+        max_position_embeddings=need("context_length"), rope_parameters=rope,
+        rms_norm_eps=float_field(reader, "gpt-oss.attention.layer_norm_rms_epsilon") or 1e-5,
+        tie_word_embeddings=not _untied(reader), **_special_tokens(reader))

@@ -20,7 +20,10 @@ Checkpoints store each layer's experts as fused tensors (transformers'
 ``GptOssExperts``: ``gate_up_proj`` ``[E, H, 2I]`` whose gate and up columns
 are interleaved, ``down_proj`` ``[E, I, H]``, and their biases), in the
 released ones quantized to MXFP4 (``*_blocks`` / ``*_scales``,
-:mod:`paternoster.model.mxfp4`), dequantized at load.
+:mod:`paternoster.model.mxfp4`), dequantized at load. A GGUF file
+(llama.cpp's ``gpt-oss`` architecture, :mod:`paternoster.model.gguf`) holds
+them as separate gate/up/down stacks, kept quantized (MXFP4 computed on
+directly by the CPU kernels).
 :func:`split_experts` turns them into the per-expert matrices
 :class:`~paternoster.model.moe.SparseMoeBlock` loads.
 
