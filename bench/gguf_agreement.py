@@ -10,9 +10,10 @@ agreement (llama.cpp's argmax = ours), the mean KL divergence
 KL(llama.cpp || ours) over llama.cpp's top-k tokens (both renormalized on
 them: a truncated KL), and the top-1 agreement on the positions whose
 answer is not a near-tie (llama.cpp's top two probabilities at least 0.05
-apart): llama.cpp quantizes activations to 8 bits for every quantized
-product and keeps an F16 KV cache, so near-ties flip between any two
-implementations.
+apart), over the positions llama.cpp reports (it holds back, with its
+probabilities, a token that ends inside a UTF-8 character): llama.cpp
+quantizes activations to 8 bits for every quantized product and keeps an
+F16 KV cache, so near-ties flip between any two implementations.
 
     .venv/bin/python bench/gguf_agreement.py FILE.gguf [FILE.gguf ...] --tokens 512
 
@@ -49,28 +50,26 @@ def text_tokens(model: Path, n: int) -> list[int]:
     return ids[:n]
 
 
-def llamacpp_top(url: str, tokens: list[int], k: int) -> list[dict[int, float]]:
+def llamacpp_top(url: str, tokens: list[int], k: int) -> list[dict[int, float] | None]:
     """llama.cpp's top-``k`` next-token probabilities after each prefix
-    ``tokens[:i + 1]`` (i = 0 .. len - 2)."""
-    out = []
+    ``tokens[:i + 1]`` (i = 0 .. len - 2); None where its argmax ends inside
+    a UTF-8 character: llama-server holds such a token back and, once the
+    character completes, reports the probabilities of the tokens after it
+    only (checked: the held token's own entry is dropped)."""
+    out: list[dict[int, float] | None] = []
     for i in range(1, len(tokens)):
-        reply: dict = {}
-        # A token that ends inside a UTF-8 character is held back with its
-        # probabilities until the character completes: predict a few more then.
-        for n_predict in (1, 4, 8):
-            body = {"prompt": tokens[:i], "n_predict": n_predict, "n_probs": k,
-                    "temperature": 0, "cache_prompt": True, "post_sampling_probs": False,
-                    "ignore_eos": True}  # an end-of-generation argmax reports its probabilities
-            req = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                reply = json.loads(r.read())
-            if reply.get("completion_probabilities"):
-                break
-        else:
-            raise RuntimeError(f"llama-server gave no probabilities after {i} tokens: {reply}")
-        top = reply["completion_probabilities"][0]["top_logprobs"]
-        out.append({int(t["id"]): math.exp(t["logprob"]) for t in top})
+        body = {"prompt": tokens[:i], "n_predict": 1, "n_probs": k, "temperature": 0,
+                "cache_prompt": True, "post_sampling_probs": False,
+                "ignore_eos": True}  # an end-of-generation argmax reports its probabilities
+        req = urllib.request.Request(f"{url}/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            reply = json.loads(r.read())
+        probs = reply.get("completion_probabilities")
+        if not probs:
+            out.append(None)
+            continue
+        out.append({int(t["id"]): math.exp(t["logprob"]) for t in probs[0]["top_logprobs"]})
     return out
 
 
@@ -112,16 +111,18 @@ def our_logits(model: Path, tokens: list[int], threads: int, dtype: str = "auto"
     return runner.compute_logits(batch)[:-1].float()
 
 
-def agreement(theirs: list[dict[int, float]], ours,
+def agreement(theirs: list[dict[int, float] | None], ours,
               clear: float = 0.05) -> tuple[float, float, float, int]:
     """(top-1 agreement, mean truncated KL(theirs || ours), top-1 agreement
     where llama.cpp's top-2 probabilities differ by at least ``clear``, how
-    many such positions)."""
+    many such positions), over the positions llama.cpp reported (not None)."""
     import torch
 
     hits, kls, clear_hits, clear_n = 0, [], 0, 0
     logp = torch.log_softmax(ours.double(), dim=-1)
     for i, top in enumerate(theirs):
+        if top is None:
+            continue
         ids = list(top)
         p = torch.tensor([top[t] for t in ids], dtype=torch.float64)
         p = p / p.sum()
@@ -133,7 +134,7 @@ def agreement(theirs: list[dict[int, float]], ours,
         first, second = sorted(top.values(), reverse=True)[:2]
         if first - second >= clear:
             clear_hits, clear_n = clear_hits + hit, clear_n + 1
-    return hits / len(theirs), sum(kls) / len(kls), clear_hits / max(clear_n, 1), clear_n
+    return hits / len(kls), sum(kls) / len(kls), clear_hits / max(clear_n, 1), clear_n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             theirs = llamacpp_top(url, tokens, args.top)
         ours = our_logits(path, tokens, args.threads, args.dtype)
         top1, kl, clear, clear_n = agreement(theirs, ours)
-        print(f"| {path.name} | {', '.join(types)} | {len(theirs)} | {100 * top1:.1f} % | "
+        compared = sum(top is not None for top in theirs)
+        print(f"| {path.name} | {', '.join(types)} | {compared} | {100 * top1:.1f} % | "
               f"{kl:.4f} | {100 * clear:.1f} % ({clear_n}) |", flush=True)
     return 0
 

@@ -460,3 +460,44 @@ def test_gpt_oss_gguf_logits_match_hf(tmp_path, experts):
     ours = torch.cat(outs)
     ref = hf_logits(hf, tokens)
     assert (ours - ref).abs().max() < 1e-4 * ref.abs().max()
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35", "qwen35moe"])
+def test_hybrid_gguf_logits_match_hf(tmp_path, arch):
+    """Qwen3-Next and Qwen3.5 (dense, MoE) GGUF files as llama.cpp's converter
+    writes them (``1 + w`` norms, ``-exp(A_log)``, q/k/v and z apart, Qwen3.5's
+    value heads tiled over the key heads; tests/model/gguf_writer_hybrid.py),
+    matrices kept quantized where they lie: float32 logits over a chunked
+    prefill and one-token decode steps match HF's model on the file's
+    dequantized weights."""
+    import transformers as tf
+
+    from .gguf_writer_hybrid import write_hybrid_gguf
+    from .test_qwen3_next import MOE, TEXT, _randomize_norms
+
+    torch.manual_seed(70)
+    if arch == "qwen3next":  # every layer routed, as the released models and llama.cpp
+        hf = tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**TEXT, **MOE, decoder_sparse_step=1))
+    elif arch == "qwen35":
+        hf = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**TEXT))
+    else:
+        hf = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**TEXT, **MOE))
+    hf = hf.float().eval()
+    _randomize_norms(hf)
+    path = tmp_path / f"tiny-{arch}.gguf"
+    hf.load_state_dict(write_hybrid_gguf(hf, path, arch))
+    runner = _runner(path)
+    assert type(runner.model).__name__ == type(hf).__name__
+    net = runner.model.layers[0].linear_attn
+    # q/k/v, z and b/a stay the file's quantized tensors (b, a: F32 rows, dense)
+    assert isinstance(net.out_weight, QuantizedWeight) and net.out_weight.mapped
+    assert net.tiled == (arch != "qwen3next")
+    tokens = torch.randint(3, 128, (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    maker = BatchMaker(128, BLOCK_SIZE, num_groups=runner.kv_layout.num_groups)
+    outs = [runner.compute_logits(maker.batch([Chunk("a", tokens, 0, 11)])),
+            runner.compute_logits(maker.batch([Chunk("a", tokens, 11, 15)]))]
+    outs += [runner.compute_logits(maker.batch([Chunk("a", tokens, p, 1)]))
+             for p in range(26, 30)]
+    ours = torch.cat(outs)
+    ref = hf_logits(hf, tokens)
+    assert (ours - ref).abs().max() < 1e-4 * ref.abs().max()

@@ -187,6 +187,11 @@ class GatedDeltaNet(nn.Module):
     ``conv_weight`` ``[2 Kd + Vd, K]``; ``dt_bias`` and ``A_log`` ``[Hv]``;
     ``norm_weight`` ``[Dv]`` (the gated RMSNorm); ``out_weight`` ``[H, Vd]``.
 
+    Value head j reads key head ``j // (Hv / Hk)`` (HF's grouped order), or
+    ``j mod Hk`` with ``config.linear_value_heads_tiled`` (llama.cpp's
+    converter tiles Qwen3.5's value heads so; every value-head-indexed row
+    and column of the file follows that order, which is kept).
+
     Args:
         config: a Qwen3-Next / Qwen3.5 text config (``linear_*`` fields,
             ``rms_norm_eps``, ``hidden_act`` silu).
@@ -207,6 +212,7 @@ class GatedDeltaNet(nn.Module):
                              f"linear_num_key_heads ({self.hk})")
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act must be 'silu', got {config.hidden_act!r}")
+        self.tiled = bool(getattr(config, "linear_value_heads_tiled", False))
         self.kernel = config.linear_conv_kernel_dim
         self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
         self.conv_dim = 2 * self.key_dim + self.value_dim
@@ -309,11 +315,16 @@ class GatedDeltaNet(nn.Module):
         return out
 
     def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``[n, C]`` conv output -> q, k ``[n, Hk, Dk]`` and v ``[n, Hv, Dv]``."""
+        """``[n, C]`` conv output -> q, k ``[n, Hk, Dk]`` and v ``[n, Hv, Dv]``
+        (with tiled value heads, q and k repeated to ``[n, Hv, Dk]`` in that
+        order)."""
         n = qkv.shape[0]
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        return (q.reshape(n, self.hk, self.dk), k.reshape(n, self.hk, self.dk),
-                v.reshape(n, self.hv, self.dv))
+        q, k = q.reshape(n, self.hk, self.dk), k.reshape(n, self.hk, self.dk)
+        if self.tiled and self.hv > self.hk:
+            r = self.hv // self.hk
+            q, k = q.repeat(1, r, 1), k.repeat(1, r, 1)
+        return q, k, v.reshape(n, self.hv, self.dv)
 
     def _gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """RMSNorm over each head's ``Dv`` (float32, cast back before the

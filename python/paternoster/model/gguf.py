@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from paternoster.kernels.quant import QuantizedWeight
+from paternoster.model.gguf_config import HYBRID_ARCHITECTURES
 from paternoster.model.gguf_file import (
     DENSE_TYPES,
     DEQUANTIZED_TYPES,
@@ -77,6 +78,28 @@ _LAYER_NAMES = {
 #: ([experts, rows], gpt-oss) -> HF's per-expert name.
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
                  "ffn_down_exps": "down_proj"}
+#: The Gated DeltaNet hybrids' layer tensors (llama.cpp's qwen3next / qwen35 /
+#: qwen35moe; the full-attention layers' and experts' names are the common
+#: ones). ``attn_qkv`` holds q, k and v apart (the converter undoes
+#: Qwen3-Next's per-key-head interleaving of in_proj_qkvz; ``ssm_ba`` it
+#: leaves interleaved), so they load under Qwen3.5's names.
+_HYBRID_LAYER_NAMES = {
+    "attn_qkv.weight": "linear_attn.in_proj_qkv.weight",
+    "attn_gate.weight": "linear_attn.in_proj_z.weight",
+    "ssm_ba.weight": "linear_attn.in_proj_ba.weight",
+    "ssm_beta.weight": "linear_attn.in_proj_b.weight",
+    "ssm_alpha.weight": "linear_attn.in_proj_a.weight",
+    "ssm_conv1d.weight": "linear_attn.conv1d.weight",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_a": "linear_attn.A_log",  # written as -exp(A_log)
+    "ssm_norm.weight": "linear_attn.norm.weight",
+    "ssm_out.weight": "linear_attn.out_proj.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+}
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -105,14 +128,17 @@ def gguf_weights(path: str | Path,
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     arch = file_architecture(reader, path)
     llama = arch in _PERMUTED_QK
+    hybrid = arch in HYBRID_ARCHITECTURES
     names = _names_from_table(hf_config, arch) if arch in _NAME_MAP_ARCHITECTURES else None
+    layers = hf_config.num_hidden_layers
     dequantized: dict[str, int] = {}
     tensors = [(t, shard) for shard in shards for t in gguf_reader(shard).tensors]
     for t, shard in tensors:
         expert = _expert_tensor(t.name)
-        name = names.get(t.name) if names is not None else hf_name(t.name)
-        if name is None and expert is None:
-            continue
+        name = (names.get(t.name) if names is not None
+                else hybrid_name(t.name) if hybrid else hf_name(t.name))
+        if (name is None and expert is None) or _layer_index(t.name) >= layers:
+            continue  # e.g. rope_freqs; multi-token-prediction layers past the model's
         weight = _tensor(t, shard)
         if t.tensor_type.name in DEQUANTIZED_TYPES:
             dequantized[t.tensor_type.name] = dequantized.get(t.tensor_type.name, 0) + 1
@@ -129,10 +155,14 @@ def gguf_weights(path: str | Path,
             continue
         if llama and name.endswith(("q_proj.weight", "k_proj.weight")):
             weight = unpermute_rows(weight, heads if "q_proj" in name else kv_heads)
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            # llama.cpp's converter stores Gemma's RMSNorm weights as 1 + w
-            # (its norm multiplies by the weight); ours, as HF's, adds the 1.
+        if (arch == "gemma3" or hybrid) and name.endswith("norm.weight") and (
+                not name.endswith("linear_attn.norm.weight")):
+            # llama.cpp's converter stores Gemma's and the Qwen3-Next family's
+            # RMSNorm weights as 1 + w (its norm multiplies by the weight);
+            # ours, as HF's, add the 1. (The gated norm is a plain weight.)
             weight = weight.float() - 1.0
+        if name.endswith(".A_log"):  # the converter writes -exp(A_log)
+            weight = torch.log(-weight.float())
         yield name, weight
     if dequantized:
         logger.info("%s: dequantized %s to bfloat16 at load (no kernel keeps these types "
@@ -211,6 +241,22 @@ def _expert_tensor(gguf_name: str) -> tuple[str, str, str] | None:
     if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _EXPERT_NAMES:
         return None
     return (parts[1], _EXPERT_NAMES[parts[2]], parts[3]) if parts[3] in ("weight", "bias") else None
+
+
+def _layer_index(gguf_name: str) -> int:
+    """The layer of a ``blk.N.*`` tensor name, -1 for a global tensor."""
+    parts = gguf_name.split(".")
+    return int(parts[1]) if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit() else -1
+
+
+def hybrid_name(gguf_name: str) -> str | None:
+    """HF's name for a tensor of a Qwen3-Next / Qwen3.5 GGUF file
+    (``blk.0.attn_qkv.weight`` -> ``model.layers.0.linear_attn.in_proj_qkv.weight``,
+    :data:`_HYBRID_LAYER_NAMES`, else :func:`hf_name`)."""
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _HYBRID_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_HYBRID_LAYER_NAMES[parts[2]]}"
+    return hf_name(gguf_name)
 
 
 def hf_name(gguf_name: str) -> str | None:

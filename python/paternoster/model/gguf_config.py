@@ -25,11 +25,15 @@ from paternoster.model.gguf_file import (
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                       "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                      "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM"}
+                      "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM",
+                      "qwen3next": "Qwen3NextForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
+                      "qwen35moe": "Qwen3_5MoeForCausalLM"}
+#: The Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5).
+HYBRID_ARCHITECTURES = ("qwen3next", "qwen35", "qwen35moe")
 #: Architectures whose config we build from the keys: transformers' GGUF
 #: support does not know smollm3, and fails on gpt-oss's rope scaling keys
 #: (transformers 5.24 reads a field's first part, its key's length, as the value).
-OWN_CONFIG_ARCHITECTURES = ("smollm3", "gpt-oss")
+OWN_CONFIG_ARCHITECTURES = ("smollm3", "gpt-oss", *HYBRID_ARCHITECTURES)
 
 def load_gguf_config(path: str | Path):
     """The transformers config of a GGUF file (from its metadata).
@@ -51,6 +55,8 @@ def load_gguf_config(path: str | Path):
             config = _smollm3_config(reader, path)
         elif arch == "gpt-oss":
             config = _gpt_oss_config(reader, path)
+        elif arch in HYBRID_ARCHITECTURES:
+            config = _hybrid_config(reader, path, arch)
         else:
             with _transformers_reuses_our_parse():
                 config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
@@ -200,3 +206,68 @@ def _gpt_oss_config(reader, path: str | Path):
         max_position_embeddings=need("context_length"), rope_parameters=rope,
         rms_norm_eps=float_field(reader, "gpt-oss.attention.layer_norm_rms_epsilon") or 1e-5,
         tie_word_embeddings=not _untied(reader), **_special_tokens(reader))
+
+
+def _hybrid_config(reader, path: str | Path, arch: str):
+    """Qwen3-Next / Qwen3.5 (dense or MoE) config from llama.cpp's keys.
+
+    - The layers' kinds from ``attention.recurrent_layers`` (else every
+      ``full_attention_interval``-th layer full attention); the block count
+      less ``nextn_predict_layers`` (the multi-token-prediction layers the
+      converter appends, which we do not serve).
+    - The Gated DeltaNet sizes from the ``ssm.*`` keys (``state_size`` the
+      key head size, ``group_count`` the key heads, ``time_step_rank`` the
+      value heads, ``inner_size`` all value channels).
+    - The partial RoPE from ``rope.dimension_count`` over the head size
+      (Qwen3.5's M-RoPE sections are plain RoPE on text positions).
+    - Every layer routed where the file has experts, top-k renormalized
+      (llama.cpp's ``build_moe_ffn`` with ``norm_w``).
+    - Qwen3.5's value heads as its converter orders them: tiled over the key
+      heads (value head j reads key head j mod Hk) where HF groups them
+      (j // (Hv / Hk)); ``linear_value_heads_tiled`` tells the layers.
+    """
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3NextConfig
+
+    def need(key: str) -> int:
+        return _required_int(reader, path, f"{arch}.{key}")
+
+    head_dim = need("attention.key_length")
+    layers = need("block_count") - (int_field(reader, f"{arch}.nextn_predict_layers") or 0)
+    recurrent = reader.fields.get(f"{arch}.attention.recurrent_layers")
+    if recurrent is not None:
+        flags = [bool(recurrent.parts[i][0]) for i in recurrent.data][:layers]
+    else:
+        every = int_field(reader, f"{arch}.full_attention_interval") or 4
+        flags = [(i + 1) % every != 0 for i in range(layers)]
+    rope = {"rope_type": "default",
+            "rope_theta": float_field(reader, f"{arch}.rope.freq_base") or 10000.0,
+            "partial_rotary_factor": need("rope.dimension_count") / head_dim}
+    value_heads = need("ssm.time_step_rank")
+    args = dict(
+        hidden_size=need("embedding_length"), num_hidden_layers=layers,
+        num_attention_heads=need("attention.head_count"),
+        num_key_value_heads=need("attention.head_count_kv"), head_dim=head_dim,
+        vocab_size=_vocab_size(reader, path, arch),
+        max_position_embeddings=need("context_length"),
+        rms_norm_eps=float_field(reader, f"{arch}.attention.layer_norm_rms_epsilon") or 1e-6,
+        rope_parameters=rope,
+        layer_types=["linear_attention" if f else "full_attention" for f in flags],
+        linear_conv_kernel_dim=need("ssm.conv_kernel"),
+        linear_key_head_dim=need("ssm.state_size"),
+        linear_num_key_heads=need("ssm.group_count"), linear_num_value_heads=value_heads,
+        linear_value_head_dim=need("ssm.inner_size") // value_heads,
+        tie_word_embeddings=not _untied(reader), **_special_tokens(reader))
+    if arch == "qwen35":
+        config = Qwen3_5TextConfig(intermediate_size=need("feed_forward_length"), **args)
+    else:
+        moe = dict(num_experts=need("expert_count"), num_experts_per_tok=need("expert_used_count"),
+                   moe_intermediate_size=need("expert_feed_forward_length"),
+                   shared_expert_intermediate_size=need("expert_shared_feed_forward_length"))
+        if arch == "qwen35moe":
+            config = Qwen3_5MoeTextConfig(**moe, **args)
+        else:
+            config = Qwen3NextConfig(intermediate_size=need("feed_forward_length"), **moe,
+                                     **args, norm_topk_prob=True, decoder_sparse_step=1,
+                                     mlp_only_layers=[])
+    config.linear_value_heads_tiled = arch != "qwen3next"
+    return config

@@ -115,9 +115,9 @@ class LlamaWeights:
             owner, attr, start, rows = target
             param = getattr(owner, attr)
             if isinstance(tensor, QuantizedWeight):
-                _check_shape(name, tensor.shape, (rows, *param.shape[1:]))
+                check_shape(name, tensor.shape, (rows, *param.shape[1:]))
                 if rows == param.shape[0]:
-                    _replace(owner, attr, tensor)
+                    replace_weight(owner, attr, tensor)
                 else:
                     key = (id(owner), attr)
                     owners[key] = owner
@@ -126,8 +126,8 @@ class LlamaWeights:
                 _copy_rows(name, param, start, rows, tensor)
             loaded.add(name)
         for key, pieces in parts.items():
-            self._stack_quantized(owners[key], key[1], pieces)
-        _replace(self, "lm_head", lm_head if lm_head is not None else self.embed_tokens)
+            stack_quantized(owners[key], key[1], pieces, self.dtype)
+        replace_weight(self, "lm_head", lm_head if lm_head is not None else self.embed_tokens)
         missing = self._missing(loaded)
         if missing:
             raise ValueError(f"checkpoint is missing weights: {missing[:8]}"
@@ -137,31 +137,12 @@ class LlamaWeights:
     def _lm_head_from(self, name: str, tensor: Weight) -> Weight:
         shape = (self.config.vocab_size, self.config.hidden_size)
         if isinstance(tensor, QuantizedWeight):
-            _check_shape(name, tensor.shape, shape)
+            check_shape(name, tensor.shape, shape)
             return tensor
         lm_head = nn.Parameter(torch.empty(*shape, dtype=self.dtype,
                                            device=self.norm.weight.device), requires_grad=False)
         _copy_rows(name, lm_head, 0, shape[0], tensor)
         return lm_head
-
-    def _stack_quantized(self, owner: nn.Module, attr: str,
-                         pieces: dict[int, tuple[str, QuantizedWeight]]) -> None:
-        """Fused parameter from quantized parts: kept as the parts, where they
-        lie and in their own formats (:class:`~paternoster.kernels.WeightParts`),
-        when they cover every row; else (a fused parameter some of whose rows
-        came dense) each part dequantized into the dense parameter."""
-        param = getattr(owner, attr)
-        ordered = [pieces[s] for s in sorted(pieces)]
-        weights = [w for _, w in ordered]
-        rows = sum(w.shape[0] for w in weights)
-        if rows == param.shape[0]:
-            _replace(owner, attr, WeightParts(tuple(weights)))
-            return
-        logger.info("%s: parts in formats %s dequantized to %s", attr,
-                    sorted({w.format for w in weights}), self.dtype)
-        for start in sorted(pieces):
-            name, w = pieces[start]
-            _copy_rows(name, param, start, w.shape[0], w.dequantize(self.dtype))
 
     def dequantize_weights(self) -> int:
         """Replace every quantized weight by a dense parameter in the model
@@ -175,7 +156,7 @@ class LlamaWeights:
                                                        requires_grad=False))
                     count += 1
         if getattr(self.config, "tie_word_embeddings", False) or self.lm_head is None:
-            _replace(self, "lm_head", self.embed_tokens)
+            replace_weight(self, "lm_head", self.embed_tokens)
         return count
 
     def quantized_weights(self) -> list[QuantizedWeight | WeightParts]:
@@ -254,18 +235,39 @@ def _expert_target(moe: SparseMoeBlock, rest: str) -> tuple[nn.Module, str, int,
             down: (moe, f"down_{leaf}", e * h, h)}.get(parts[3])
 
 
+def stack_quantized(owner: nn.Module, attr: str,
+                    pieces: dict[int, tuple[str, QuantizedWeight]], dtype: torch.dtype) -> None:
+    """A fused parameter from quantized parts (first row -> (name, part)):
+    kept as the parts, where they lie and in their own formats
+    (:class:`~paternoster.kernels.WeightParts`), when they cover every row;
+    else (a fused parameter some of whose rows came dense) each part
+    dequantized to ``dtype`` into the dense parameter."""
+    param = getattr(owner, attr)
+    ordered = [pieces[s] for s in sorted(pieces)]
+    weights = [w for _, w in ordered]
+    rows = sum(w.shape[0] for w in weights)
+    if rows == param.shape[0]:
+        replace_weight(owner, attr, WeightParts(tuple(weights)))
+        return
+    logger.info("%s: parts in formats %s dequantized to %s", attr,
+                sorted({w.format for w in weights}), dtype)
+    for start in sorted(pieces):
+        name, w = pieces[start]
+        _copy_rows(name, param, start, w.shape[0], w.dequantize(dtype))
+
+
 def _copy_rows(name: str, param: torch.Tensor, start: int, rows: int,
                tensor: torch.Tensor) -> None:
-    _check_shape(name, tensor.shape, (rows, *param.shape[1:]))
+    check_shape(name, tensor.shape, (rows, *param.shape[1:]))
     param.data[start : start + rows].copy_(tensor)
 
 
-def _check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
+def check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
     if tuple(shape) != tuple(expected):
         raise ValueError(f"weight {name} has shape {tuple(shape)}, expected {tuple(expected)}")
 
 
-def _replace(owner: nn.Module, attr: str, weight: Weight) -> None:
+def replace_weight(owner: nn.Module, attr: str, weight: Weight) -> None:
     """Set a weight attribute: a parameter stays registered as one, a
     quantized weight replaces the parameter by a plain attribute."""
     if attr in owner._parameters and not isinstance(weight, nn.Parameter):

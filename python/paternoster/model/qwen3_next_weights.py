@@ -12,6 +12,12 @@ likewise), which is undone at load; Qwen3.5 stores ``in_proj_qkv``,
 checkpoints are vision-language models: their text tower's tensors
 (``model.language_model.*``) are read and the vision tower (``model.visual.*``)
 and multi-token-prediction head (``mtp.*``) ignored.
+
+A GGUF file (llama.cpp's ``qwen3next`` / ``qwen35`` / ``qwen35moe``,
+:mod:`paternoster.model.gguf`) arrives under the Qwen3.5 names; its
+quantized matrices are kept quantized (the parts of a fused matrix as
+:class:`~paternoster.kernels.WeightParts`), row reorderings moving whole
+quantized rows.
 """
 
 from __future__ import annotations
@@ -21,10 +27,19 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from paternoster.model.llama_weights import _expert_target, layer_name
+from paternoster.kernels import QuantizedWeight
+from paternoster.model.llama_weights import (
+    LlamaWeights,
+    Weight,
+    _expert_target,
+    layer_name,
+    replace_weight,
+    stack_quantized,
+)
 
-#: (module, attribute, first row, rows, transform of the checkpoint tensor).
-Target = tuple[nn.Module, str, int, int, Callable[[torch.Tensor], torch.Tensor] | None]
+#: (module, attribute, first row, rows, transform of the checkpoint tensor:
+#: dense, or quantized rows for the row reorderings).
+Target = tuple[nn.Module, str, int, int, Callable[[Weight], Weight] | None]
 
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.")
 
@@ -33,8 +48,11 @@ class HybridWeights:
     """The weight-loading half of the hybrid model; expects ``config``,
     ``dtype``, ``layers``, ``norm``, ``embed_tokens`` and ``lm_head``."""
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
-        """Copy HF-named tensors into the parameters, cast to the model dtype.
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> list[str]:
+        """Copy HF-named tensors into the parameters, cast to the model dtype;
+        quantized ones (:class:`~paternoster.kernels.QuantizedWeight`, from a
+        GGUF file) kept quantized, the parts of a fused matrix as
+        :class:`~paternoster.kernels.WeightParts` (as the Llama loader does).
 
         Args:
             weights: (name, tensor) pairs of an HF ``Qwen3NextForCausalLM``,
@@ -56,13 +74,16 @@ class HybridWeights:
         written: dict[tuple[int, str], int] = {}
         unused: list[str] = []
         untied_head = False
+        parts: dict[tuple[int, str], dict[int, tuple[str, QuantizedWeight]]] = {}
+        owners: dict[tuple[int, str], nn.Module] = {}
         for name, tensor in weights:
             name = _text_name(name)
             if name == "lm_head.weight":
                 if tied:
                     continue
                 if not untied_head:
-                    self.lm_head = nn.Parameter(torch.empty_like(self.embed_tokens),
+                    shape = (self.config.vocab_size, self.config.hidden_size)
+                    self.lm_head = nn.Parameter(torch.empty(shape, dtype=self.dtype),
                                                 requires_grad=False)
                     untied_head = True
             target = self._target(name)
@@ -76,9 +97,19 @@ class HybridWeights:
             if tuple(value.shape) != expected:
                 raise ValueError(f"weight {name} has shape {tuple(tensor.shape)}, expected "
                                  f"{expected} (after reordering)")
-            param.data[start : start + rows].copy_(value)
             key = (id(owner), attr)
+            if not isinstance(value, QuantizedWeight):
+                param.data[start : start + rows].copy_(value)
+            elif rows == param.shape[0]:
+                replace_weight(owner, attr, value)
+            else:
+                owners[key] = owner
+                parts.setdefault(key, {})[start] = (name, value)
             written[key] = written.get(key, 0) + rows
+        for key, pieces in parts.items():
+            stack_quantized(owners[key], key[1], pieces, self.dtype)
+        if not untied_head:
+            replace_weight(self, "lm_head", self.embed_tokens)
         missing = [f"{pname}" for pname, owner, attr, param in self._all_params()
                    if written.get((id(owner), attr), 0) < param.shape[0]]
         if missing:
@@ -86,13 +117,10 @@ class HybridWeights:
                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
         return unused
 
-    def quantized_weights(self) -> list:
-        """The weights kept quantized: none (GGUF files of these models are not read)."""
-        return []
-
-    def dequantize_weights(self) -> int:
-        """Nothing to dequantize (see :meth:`quantized_weights`); returns 0."""
-        return 0
+    #: The weights kept quantized (each once), and their dequantization for
+    #: devices without quantized kernels: as the Llama family's.
+    quantized_weights = LlamaWeights.quantized_weights
+    dequantize_weights = LlamaWeights.dequantize_weights
 
     def _all_params(self):
         """(name, owner, attribute, parameter) of every parameter to load
@@ -178,28 +206,37 @@ def _linear_target(net, rest: str) -> Target | None:
     return table.get(rest)
 
 
-def _deinterleave_qkvz(net) -> Callable[[torch.Tensor], torch.Tensor]:
+def _one_row(w: Weight) -> Weight:
+    """A dense vector ``[H]`` as the one-row matrix ``[1, H]``."""
+    return w.reshape(1, -1) if isinstance(w, torch.Tensor) and w.dim() == 1 else w
+
+
+def _take_rows(order: torch.Tensor) -> Callable[[Weight], Weight]:
+    """A transform taking whole rows in ``order`` (dense or quantized rows:
+    the blocks run along a row, so whole rows move)."""
+
+    def take(w: Weight) -> Weight:
+        if isinstance(w, QuantizedWeight):
+            return QuantizedWeight(w.data[order].contiguous(), w.format, w.in_features)
+        return w[order]
+
+    return take
+
+
+def _deinterleave_qkvz(net) -> Callable[[Weight], Weight]:
     """Qwen3-Next's ``in_proj_qkvz`` rows, per key head ``[q Dk, k Dk, v r Dv,
     z r Dv]`` (``r`` value heads per key head) -> ``[q all, k all, v all, z all]``."""
     r = net.hv // net.hk
-
-    def reorder(w: torch.Tensor) -> torch.Tensor:
-        per_head = w.reshape(net.hk, -1, w.shape[-1])
-        q, k, v, z = per_head.split([net.dk, net.dk, r * net.dv, r * net.dv], dim=1)
-        return torch.cat([x.reshape(-1, w.shape[-1]) for x in (q, k, v, z)])
-
-    return reorder
+    per_head = torch.arange(net.conv_dim + net.value_dim).reshape(net.hk, -1)
+    q, k, v, z = per_head.split([net.dk, net.dk, r * net.dv, r * net.dv], dim=1)
+    return _take_rows(torch.cat([x.reshape(-1) for x in (q, k, v, z)]))
 
 
-def _deinterleave_ba(net) -> Callable[[torch.Tensor], torch.Tensor]:
+def _deinterleave_ba(net) -> Callable[[Weight], Weight]:
     """Qwen3-Next's ``in_proj_ba`` rows, per key head ``[b r, a r]`` -> ``[b all, a all]``."""
     r = net.hv // net.hk
-
-    def reorder(w: torch.Tensor) -> torch.Tensor:
-        b, a = w.reshape(net.hk, 2 * r, w.shape[-1]).split([r, r], dim=1)
-        return torch.cat([b.reshape(-1, w.shape[-1]), a.reshape(-1, w.shape[-1])])
-
-    return reorder
+    b, a = torch.arange(2 * net.hv).reshape(net.hk, 2 * r).split([r, r], dim=1)
+    return _take_rows(torch.cat([b.reshape(-1), a.reshape(-1)]))
 
 
 def _mlp_target(mlp, rest: str) -> Target | None:
@@ -207,8 +244,8 @@ def _mlp_target(mlp, rest: str) -> Target | None:
     dense = getattr(mlp, "shared_expert", mlp)
     prefix = "mlp."
     if hasattr(mlp, "shared_expert"):
-        if rest == "mlp.shared_expert_gate.weight":
-            return mlp, "shared_gate_weight", 0, 1, None
+        if rest == "mlp.shared_expert_gate.weight":  # [1, H]; a GGUF file may hold [H]
+            return mlp, "shared_gate_weight", 0, 1, _one_row
         if not rest.startswith("mlp.shared_expert."):
             found = _expert_target(mlp.experts, rest)
             return None if found is None else (*found, None)
