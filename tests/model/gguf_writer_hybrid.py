@@ -45,12 +45,16 @@ _PLAIN = {  # HF suffix under model.layers.N -> GGUF name under blk.N
 }
 
 
-def write_hybrid_gguf(hf_model, path: Path, arch: str,
-                      matrix_type: str = "q8_0") -> dict[str, torch.Tensor]:
+def write_hybrid_gguf(hf_model, path: Path, arch: str, matrix_type: str = "q8_0",
+                      mtp_layers: int = 0) -> dict[str, torch.Tensor]:
     """Write ``hf_model`` (``Qwen3NextForCausalLM`` with ``arch="qwen3next"``,
     ``Qwen3_5ForCausalLM`` with ``"qwen35"``, ``Qwen3_5MoeForCausalLM`` with
     ``"qwen35moe"``) to ``path``; matrices in ``matrix_type``, routers,
-    norms and the Gated DeltaNet's vectors and conv kernel in F32.
+    norms and the Gated DeltaNet's vectors and conv kernel in F32. With
+    ``mtp_layers``, that many multi-token-prediction layers after the model's
+    (counted in ``block_count``, ``nextn_predict_layers`` saying how many; random
+    ``blk.N.nextn.eh_proj`` and ``blk.N.attn_norm`` tensors for each), as the
+    converter appends a checkpoint's ``mtp.*`` block.
 
     Returns:
         The HF state dict with every tensor as the file holds it, in HF's layout.
@@ -60,8 +64,12 @@ def write_hybrid_gguf(hf_model, path: Path, arch: str,
     dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
     tiled = arch != "qwen3next" and hv != hk
     w = GGUFWriter(str(path), arch)
-    _write_keys(w, cfg, arch)
+    _write_keys(w, cfg, arch, mtp_layers)
     _write_tokenizer(w, cfg.vocab_size)
+    h = cfg.hidden_size
+    for i in range(cfg.num_hidden_layers, cfg.num_hidden_layers + mtp_layers):
+        w.add_tensor(f"blk.{i}.nextn.eh_proj.weight", np.ones((h, 2 * h), np.float32))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(h, np.float32))
 
     def put(name: str, array: np.ndarray, kind: str) -> np.ndarray:
         array = np.ascontiguousarray(array, dtype=np.float32)
@@ -153,11 +161,13 @@ def write_hybrid_gguf(hf_model, path: Path, arch: str,
     return ref
 
 
-def _write_keys(w: GGUFWriter, cfg, arch: str) -> None:
+def _write_keys(w: GGUFWriter, cfg, arch: str, mtp_layers: int) -> None:
     """The ``{arch}.*`` keys the converter writes."""
-    types = list(cfg.layer_types)
+    types = list(cfg.layer_types) + ["full_attention"] * mtp_layers
     rope = cfg.rope_parameters
-    w.add_block_count(cfg.num_hidden_layers)
+    w.add_block_count(cfg.num_hidden_layers + mtp_layers)
+    if mtp_layers:
+        w.add_uint32(f"{arch}.nextn_predict_layers", mtp_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     if getattr(cfg, "intermediate_size", None):

@@ -462,14 +462,15 @@ def test_gpt_oss_gguf_logits_match_hf(tmp_path, experts):
     assert (ours - ref).abs().max() < 1e-4 * ref.abs().max()
 
 
-@pytest.mark.parametrize("arch", ["qwen3next", "qwen35", "qwen35moe"])
-def test_hybrid_gguf_logits_match_hf(tmp_path, arch):
+@pytest.mark.parametrize("arch,mtp", [("qwen3next", 0), ("qwen35", 1), ("qwen35moe", 0)])
+def test_hybrid_gguf_logits_match_hf(tmp_path, arch, mtp):
     """Qwen3-Next and Qwen3.5 (dense, MoE) GGUF files as llama.cpp's converter
     writes them (``1 + w`` norms, ``-exp(A_log)``, q/k/v and z apart, Qwen3.5's
     value heads tiled over the key heads; tests/model/gguf_writer_hybrid.py),
     matrices kept quantized where they lie: float32 logits over a chunked
     prefill and one-token decode steps match HF's model on the file's
-    dequantized weights."""
+    dequantized weights. A file with a multi-token-prediction layer after
+    the model's (as the converter appends one) serves the model's layers."""
     import transformers as tf
 
     from .gguf_writer_hybrid import write_hybrid_gguf
@@ -485,9 +486,10 @@ def test_hybrid_gguf_logits_match_hf(tmp_path, arch):
     hf = hf.float().eval()
     _randomize_norms(hf)
     path = tmp_path / f"tiny-{arch}.gguf"
-    hf.load_state_dict(write_hybrid_gguf(hf, path, arch))
+    hf.load_state_dict(write_hybrid_gguf(hf, path, arch, mtp_layers=mtp))
     runner = _runner(path)
     assert type(runner.model).__name__ == type(hf).__name__
+    assert len(runner.model.layers) == hf.config.num_hidden_layers
     net = runner.model.layers[0].linear_attn
     # q/k/v, z and b/a stay the file's quantized tensors (b, a: F32 rows, dense)
     assert isinstance(net.out_weight, QuantizedWeight) and net.out_weight.mapped
