@@ -61,6 +61,28 @@ _LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
           "mlp.gate": "ffn_gate_inp"}
 
 
+def write_model_keys(w: GGUFWriter, cfg, rope_theta: float, blocks: int | None = None) -> None:
+    """The keys every converter writes: block count (``blocks``, else the
+    config's layers), context, widths, head counts, RoPE base, norm epsilon."""
+    w.add_block_count(cfg.num_hidden_layers if blocks is None else blocks)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    if getattr(cfg, "intermediate_size", None):
+        w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(rope_theta))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+
+
+def finish(w: GGUFWriter) -> None:
+    """Write the header, metadata and tensors, and close the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's q/k row permutation (HF halves -> interleaved pairs)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
@@ -100,15 +122,8 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     cfg = hf_model.config
     w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
     rope = cfg.rope_parameters
-    w.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    write_model_keys(w, cfg, rope.get("full_attention", rope)["rope_theta"])
     w.add_vocab_size(cfg.vocab_size)
     w.add_rope_dimension_count(head_dim)
     if arch in ("qwen3", "qwen3moe", "gemma3"):
@@ -177,10 +192,7 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
         if arch == "gemma3" and name.endswith("norm.weight"):
             values = values - 1.0
         reference[name] = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     if cfg.tie_word_embeddings:
         reference["lm_head.weight"] = reference["model.embed_tokens.weight"]
     return reference
@@ -292,14 +304,7 @@ def write_gpt_oss_gguf(hf_model, path: Path, matrix_type: str,
     cfg = hf_model.config
     rope = cfg.rope_parameters
     w = GGUFWriter(str(path), "gpt-oss")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(float(rope["rope_theta"]))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    write_model_keys(w, cfg, rope["rope_theta"])
     w.add_expert_count(cfg.num_local_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     w.add_key_length(cfg.head_dim)
@@ -354,8 +359,5 @@ def write_gpt_oss_gguf(hf_model, path: Path, matrix_type: str,
             gguf_name += ".weight"  # the converter's filter_tensors
         kind = matrix_type if array.ndim == 2 and ".router." not in name else "f32"
         reference[name] = torch.from_numpy(put(gguf_name, array, kind))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return reference

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
-from .gguf_writer import QTYPES, _write_experts, _write_tokenizer
+from .gguf_writer import QTYPES, _write_experts, _write_tokenizer, finish, write_model_keys
 
 _PLAIN = {  # HF suffix under model.layers.N -> GGUF name under blk.N
     "input_layernorm.weight": "attn_norm.weight",
@@ -152,10 +152,7 @@ def write_hybrid_gguf(hf_model, path: Path, arch: str, matrix_type: str = "q8_0"
                 router = rest in ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
                 out = put(f"{at}.{_PLAIN[rest]}", a, "f32" if router else matrix_type)
         ref[name] = torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     if cfg.tie_word_embeddings:
         ref["lm_head.weight"] = ref["model.embed_tokens.weight"]
     return ref
@@ -165,17 +162,9 @@ def _write_keys(w: GGUFWriter, cfg, arch: str, mtp_layers: int) -> None:
     """The ``{arch}.*`` keys the converter writes."""
     types = list(cfg.layer_types) + ["full_attention"] * mtp_layers
     rope = cfg.rope_parameters
-    w.add_block_count(cfg.num_hidden_layers + mtp_layers)
+    write_model_keys(w, cfg, rope["rope_theta"], cfg.num_hidden_layers + mtp_layers)
     if mtp_layers:
         w.add_uint32(f"{arch}.nextn_predict_layers", mtp_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    if getattr(cfg, "intermediate_size", None):
-        w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(float(rope["rope_theta"]))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
     if getattr(cfg, "num_experts", None):
