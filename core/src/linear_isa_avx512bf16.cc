@@ -8,8 +8,8 @@
 // Quantized-weight calls of up to 8 tokens take the 8-bit activation path
 // (linear_kernel.h: LinearKernels::i8_max_tokens).
 #define PATERNOSTER_LINEAR_I8_DOT 8
-// The 256-value formats' integer GEMM (i8k_gemm) up to 12 tokens: past that
-// vdpbf16ps on decoded rows is faster here (one 8192 x 2048 Q4_K matrix,
-// 2 threads, AMD EPYC: 2.05 vs 2.92 ms at 8 tokens, 3.14 vs 2.86 at 16).
-#define PATERNOSTER_LINEAR_I8K_DOT 12
+// The 256-value formats take the 8-bit path at every size; calls of this many
+// tokens or more the VNNI GEMM (linear_gemm_vnni.inc).
+#define PATERNOSTER_LINEAR_I8K_DOT (int64_t{1} << 40)
+#define PATERNOSTER_LINEAR_VNNI_GEMM 3
 #include "linear_kernel.inc"

@@ -67,8 +67,9 @@ struct LinearKernels {
   //   avx2:       2.16x | 6.09x at 4, 1.46x | 1.51x at 16, 1.23x | 1.17x at 64
   int64_t i8_max_tokens;
   // The same for the 256-value formats (Q4_K, Q5_K, Q6_K, IQ4_XS), whose calls
-  // past 2 tokens run an integer GEMM (linear_dot_i8.inc: i8k_gemm) that
-  // decodes each weight block once for all the call's tokens.
+  // past 2 tokens run an integer GEMM that decodes each weight block once for
+  // all the call's tokens: with AVX-512 VNNI the tokens-in-lanes one
+  // (linear_gemm_vnni.inc), else i8k_gemm (linear_dot_i8.inc).
   int64_t i8k_max_tokens;
 };
 

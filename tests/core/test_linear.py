@@ -130,7 +130,7 @@ def q8_activations(x: torch.Tensor) -> torch.Tensor:
 # never take it.
 I8_MAX_TOKENS = {"avx512bf16": 8, "avx512": 64, "avx2": 64}
 #: The same for the 256-value formats (Q4_K, Q5_K, Q6_K, IQ4_XS: the integer GEMM).
-I8K_MAX_TOKENS = {"avx512bf16": 12, "avx512": 1 << 40, "avx2": 1 << 40}
+I8K_MAX_TOKENS = {"avx512bf16": 1 << 40, "avx512": 1 << 40, "avx2": 1 << 40}
 
 
 def _variant_linear(isa: str, x: torch.Tensor, qw: QuantizedWeight,
