@@ -152,12 +152,14 @@ void quantize_rows_q8(const void* x, DType dtype, int64_t M, int64_t K, std::vec
 // with the symmetric scale max|x| / 127 of quantize_rows_q8 so |xq| <= 127),
 // with each run of 32's integer sum, as detail::LinearArgs::x_q8k says.
 void quantize_rows_q8k(const void* x, DType dtype, int64_t M, int64_t K, std::vector<int8_t>& q,
-                       std::vector<float>& scale, std::vector<int32_t>& bsum) {
+                       std::vector<float>& scale, std::vector<int32_t>& bsum,
+                       std::vector<int32_t>& bsum16) {
   constexpr int64_t kBlock = 256;
   const int64_t blocks = K / kBlock;
   q.resize(static_cast<size_t>(M * K));
   scale.resize(static_cast<size_t>(M * blocks));
   bsum.resize(static_cast<size_t>(M * K / kQuantBlock));
+  bsum16.resize(static_cast<size_t>(M * K / 16));
   float v[kBlock];
   for (int64_t r = 0; r < M * blocks; ++r) {
     const int64_t base = r * kBlock;
@@ -176,13 +178,15 @@ void quantize_rows_q8k(const void* x, DType dtype, int64_t M, int64_t K, std::ve
     const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
     for (int64_t run = 0; run < kBlock / kQuantBlock; ++run) {
-      int32_t total = 0;
+      int32_t half[2] = {0, 0};
       for (int64_t j = run * kQuantBlock; j < (run + 1) * kQuantBlock; ++j) {
         const int32_t qi = static_cast<int32_t>(std::nearbyint(v[j] * inv));
         q[static_cast<size_t>(base + j)] = static_cast<int8_t>(qi);
-        total += qi;
+        half[(j / 16) % 2] += qi;
       }
-      bsum[static_cast<size_t>(base / kQuantBlock + run)] = total;
+      bsum[static_cast<size_t>(base / kQuantBlock + run)] = half[0] + half[1];
+      bsum16[static_cast<size_t>(base / 16 + 2 * run)] = half[0];
+      bsum16[static_cast<size_t>(base / 16 + 2 * run + 1)] = half[1];
     }
     scale[static_cast<size_t>(r)] = d;
   }
@@ -213,7 +217,7 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
 
   thread_local std::vector<float> x_buf, bias_buf, q8_scale, q8_sum, q8k_scale;
   thread_local std::vector<int8_t> q8, q8k;
-  thread_local std::vector<int32_t> q8k_bsum;
+  thread_local std::vector<int32_t> q8k_bsum, q8k_bsum16;
   // Quantized parts take the 8-bit path within their kernels' token limits:
   // 32-value formats with x per 32 values, 256-value ones per 256 (x_q8k).
   auto i8_part = [&](WeightFormat f) {
@@ -227,7 +231,8 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
     (detail::format_block_values(parts[p].format) > kQuantBlock ? any_q8k : any_q8) = true;
   }
   if (any_q8) quantize_rows_q8(x, x_dtype, num_tokens, in_features, q8, q8_scale, q8_sum);
-  if (any_q8k) quantize_rows_q8k(x, x_dtype, num_tokens, in_features, q8k, q8k_scale, q8k_bsum);
+  if (any_q8k) quantize_rows_q8k(x, x_dtype, num_tokens, in_features, q8k, q8k_scale, q8k_bsum,
+                                 q8k_bsum16);
   // Per part: quantized parts of an 8-bit call take x_q8; else bfloat16 x goes
   // into bfloat16 dot products as is (float32 weights excepted); else float32 x.
   std::vector<detail::LinearArgs> args;
@@ -249,6 +254,7 @@ void run(const detail::LinearKernels& k, void* out, DType out_dtype, const void*
       a.x_q8k = q8k.data();
       a.x_q8k_scale = q8k_scale.data();
       a.x_q8k_bsum = q8k_bsum.data();
+      a.x_q8k_bsum16 = q8k_bsum16.data();
     }
     args.push_back(a);
   }

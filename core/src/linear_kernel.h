@@ -36,6 +36,8 @@ struct LinearArgs {
   const int8_t* x_q8k = nullptr;        // [M, K]
   const float* x_q8k_scale = nullptr;   // [M, K / 256]
   const int32_t* x_q8k_bsum = nullptr;  // [M, K / 32]
+  // The sums of each 16 values of x_q8k (Q6_K's sub-blocks), [M, K / 16].
+  const int32_t* x_q8k_bsum16 = nullptr;
 };
 
 // Weight rows a tile kernel dequantizes at a time (its scratch: kLinearNR * K floats).
