@@ -4,7 +4,9 @@ vLLM's WAITING_FOR_FSM state does), and it can be aborted while it waits."""
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -34,8 +36,34 @@ def _req(llm, rid: str, prompt: str, params: SamplingParams) -> EngineCoreReques
     return EngineCoreRequest(rid, ids, params)
 
 
-def test_running_requests_keep_stepping_while_a_grammar_compiles(llm):
+def _gate_compiles(engine, monkeypatch) -> threading.Event:
+    """Hold every grammar compile's result back until the returned event is
+    set (at most 30 s): how long the compile lasts is then the test's choice,
+    not the machine's load."""
+    compiler = engine._compiling._compiler  # built by the fixture's first compile
+    real = compiler.compile_async
+    gate = threading.Event()
+
+    def compile_async(spec: dict) -> Future:
+        inner, outer = real(spec), Future()
+
+        def finish() -> None:
+            gate.wait(30)
+            try:
+                outer.set_result(inner.result())
+            except Exception as e:  # noqa: BLE001 - handed on as the compile's error
+                outer.set_exception(e)
+
+        threading.Thread(target=finish, daemon=True).start()
+        return outer
+
+    monkeypatch.setattr(compiler, "compile_async", compile_async)
+    return gate
+
+
+def test_running_requests_keep_stepping_while_a_grammar_compiles(llm, monkeypatch):
     engine = llm.engine
+    gate = _gate_compiles(engine, monkeypatch)
     free = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
     engine.add_request(_req(llm, "free", "Once upon a time", free))
     engine.step()
@@ -45,6 +73,7 @@ def test_running_requests_keep_stepping_while_a_grammar_compiles(llm):
     start = time.perf_counter()
     engine.add_request(_req(llm, "slow", "Pick one:", slow))
     assert time.perf_counter() - start < 0.5  # add_request did not wait for the compile
+    assert "slow" in engine._compiling
     free_tokens_while_compiling = 0
     text, finish = [], None
     while engine.has_unfinished_requests():
@@ -55,6 +84,8 @@ def test_running_requests_keep_stepping_while_a_grammar_compiles(llm):
             if out.request_id == "slow":
                 text += out.new_token_ids
                 finish = out.finish_reason or finish
+        if free_tokens_while_compiling >= 3:
+            gate.set()  # the compile ends only after the free request stepped on
     assert free_tokens_while_compiling >= 3
     assert finish == "stop" and llm.tokenizer.decode(text, skip_special_tokens=True) in choices
 
