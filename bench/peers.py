@@ -267,9 +267,9 @@ def cmd_capacity(args: argparse.Namespace) -> str:
     out_dir = llamacpp.PEERS_DIR / "capacity" / time.strftime("%Y%m%d-%H%M%S")
     searches: dict[str, dict] = {}
     port = peer_servers.free_port()
+    llama_model = args.file if args.file else llamacpp.model_path(args.llama_weights)
     llama_cmd = llamacpp.server_command(
-        llamacpp.model_path(args.llama_weights), port, args.llama_threads, args.slots,
-        args.slot_ctx, args.llama_args,
+        llama_model, port, args.llama_threads, args.slots, args.slot_ctx, args.llama_args,
     )  # fmt: skip
     with peer_servers.running_server(
         llama_cmd, port, out_dir / "llama-server.log", args.startup_timeout
@@ -278,7 +278,8 @@ def cmd_capacity(args: argparse.Namespace) -> str:
             plan, url, args.slot_ctx, out_dir / "llama.cpp.json"
         )
     port = peer_servers.free_port()
-    ours_cmd = [peer_servers.paternoster_cli(), "serve", "--port", str(port), *args.ours_args]
+    ours_cmd = [peer_servers.paternoster_cli(), "serve", *([str(args.file)] if args.file else []),
+                "--port", str(port), *args.ours_args]
     with peer_servers.running_server(
         ours_cmd, port, out_dir / "paternoster-serve.log", args.startup_timeout
     ) as url:
@@ -289,7 +290,8 @@ def cmd_capacity(args: argparse.Namespace) -> str:
     print(
         f"\ncapacity: CPU mix, Poisson arrivals, probes >= {plan.probe_duration:g} s, "
         f"p95 TTFT <= {plan.slo_ttft_p95:g} s, p95 ITL <= {plan.slo_itl_p95:g} s; "
-        f"llama-server {args.llama_weights.upper()} {args.llama_threads} threads, "
+        f"llama-server {args.file.name if args.file else args.llama_weights.upper()} "
+        f"{args.llama_threads} threads, "
         f"{args.slots} slots x {args.slot_ctx} tokens; JSON in {out_dir}\n{table}"
     )
     return table
@@ -356,6 +358,9 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slot-ctx", type=int, default=2048, help="context per slot (tokens)")
     g.add_argument("--llama-threads", type=int, default=2, help="llama-server -t/-tb")
     g.add_argument("--llama-weights", choices=KINDS, default="bf16")
+    g.add_argument("--file", type=Path, default=None,
+                   help="a GGUF file both servers serve (instead of the default model "
+                        "and --llama-weights)")  # fmt: skip
     g.add_argument("--llama-args", default="",
                    help="more llama-server flags, one string: --llama-args='-fa on'")  # fmt: skip
     g.add_argument(
