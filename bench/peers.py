@@ -8,10 +8,13 @@ Subcommands (``all`` runs the four in order)::
     .venv/bin/python bench/peers.py capacity   # req/s within p95 TTFT/ITL objectives
     .venv/bin/python bench/peers.py all        # or: make peers
 
-The model is the default one (SmolLM2-135M-Instruct) everywhere: llama.cpp
+By default the model is the default one (SmolLM2-135M-Instruct): llama.cpp
 reads GGUF files (the shipped Q4_1, and BF16 and Q8_0 made from it by
 ``llama-quantize``); Paternoster reads its default model directory, the same
-Q4_1 weights dequantized to bf16. See docs/benchmarks.md ("Peer: llama.cpp").
+Q4_1 weights dequantized to bf16. ``decode --files A.gguf,B.gguf`` and
+``capacity --file A.gguf`` give both engines the same GGUF file instead
+(``capacity --mix`` picks the request mix). See docs/benchmarks.md ("Peer:
+llama.cpp", "GGUF files as published").
 """
 
 from __future__ import annotations
@@ -241,7 +244,7 @@ def cmd_decode(args: argparse.Namespace) -> str:
 def capacity_plan(args: argparse.Namespace) -> peer_servers.CapacityPlan:
     """The search settings from the command line (the same for both servers)."""
     return peer_servers.plan_from_args(args, slo_ttft_p95=args.slo_ttft_p95,
-                                       slo_itl_p95=args.slo_itl_p95)  # fmt: skip
+                                       slo_itl_p95=args.slo_itl_p95, mix=args.mix)  # fmt: skip
 
 
 def capacity_table(searches: dict[str, dict]) -> str:
@@ -354,6 +357,9 @@ def _add_capacity_args(p: argparse.ArgumentParser) -> None:
                    help=f"p95 TTFT objective (default {plan.slo_ttft_p95:g})")  # fmt: skip
     g.add_argument("--slo-itl-p95", type=float, default=plan.slo_itl_p95, metavar="S",
                    help=f"p95 ITL objective (default {plan.slo_itl_p95:g})")  # fmt: skip
+    g.add_argument("--mix", default=plan.mix,
+                   help="request mix, `paternoster bench capacity --mix` syntax (default: the "
+                        "CPU mix)")  # fmt: skip
     g.add_argument("--slots", type=int, default=16, help="llama-server -np")
     g.add_argument("--slot-ctx", type=int, default=2048, help="context per slot (tokens)")
     g.add_argument("--llama-threads", type=int, default=2, help="llama-server -t/-tb")
