@@ -291,7 +291,7 @@ def cmd_capacity(args: argparse.Namespace) -> str:
         )
     table = capacity_table(searches)
     print(
-        f"\ncapacity: CPU mix, Poisson arrivals, probes >= {plan.probe_duration:g} s, "
+        f"\ncapacity: mix {plan.mix}, Poisson arrivals, probes >= {plan.probe_duration:g} s, "
         f"p95 TTFT <= {plan.slo_ttft_p95:g} s, p95 ITL <= {plan.slo_itl_p95:g} s; "
         f"llama-server {args.file.name if args.file else args.llama_weights.upper()} "
         f"{args.llama_threads} threads, "
