@@ -96,7 +96,8 @@ def render_chat(
     if not has_chat_template(tokenizer, chat_template):
         raise ChatTemplateError(
             "this model has no chat template: start the server with --chat-template FILE "
-            "or pass chat_template in the request (or use /v1/completions)",
+            "(or with --trust-request-chat-template and pass chat_template in the "
+            "request), or use /v1/completions",
             "chat_template",
         )
     if add_generation_prompt and continue_final_message:
