@@ -83,6 +83,26 @@ def finish(w: GGUFWriter) -> None:
     w.close()
 
 
+def write_tensor(w: GGUFWriter, name: str, array: np.ndarray, kind: str) -> np.ndarray:
+    """Write ``array`` as tensor ``name`` in type ``kind`` (a key of QTYPES;
+    quantized along its last axis, any leading shape; F16 where the last axis
+    holds no whole blocks, as llama-quantize falls back) and return the values
+    the file holds, float32, in ``array``'s shape (gguf-py's dequantizer)."""
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    qtype = QTYPES[kind]
+    if qtype == GGMLQuantizationType.F32:
+        w.add_tensor(name, array)
+        return array
+    if array.shape[-1] % 32:
+        half = array.astype(np.float16)
+        w.add_tensor(name, half)
+        return half.astype(np.float32)
+    shape = array.shape
+    data = quants.quantize(array.reshape(-1, shape[-1]), qtype)
+    w.add_tensor(name, data.reshape(*shape[:-1], -1), raw_dtype=qtype)
+    return quants.dequantize(data, qtype).reshape(shape)
+
+
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's q/k row permutation (HF halves -> interleaved pairs)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
@@ -270,13 +290,8 @@ def _write_experts(w: GGUFWriter, name: str, tensor: torch.Tensor, kind: str) ->
     parts = ({"ffn_gate_exps": array[:, : array.shape[1] // 2],
               "ffn_up_exps": array[:, array.shape[1] // 2 :]}
              if name.endswith("gate_up_proj") else {"ffn_down_exps": array})
-    qtype = QTYPES[kind]
-    values = []
-    for gguf_name, part in parts.items():
-        part = np.ascontiguousarray(part)
-        data = quants.quantize(part, qtype)
-        w.add_tensor(f"blk.{layer}.{gguf_name}.weight", data, raw_dtype=qtype)
-        values.append(quants.dequantize(data, qtype).reshape(part.shape))
+    values = [write_tensor(w, f"blk.{layer}.{gguf_name}.weight", part, kind)
+              for gguf_name, part in parts.items()]
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(values, axis=1),
                                                  dtype=np.float32))
 
@@ -321,15 +336,7 @@ def write_gpt_oss_gguf(hf_model, path: Path, matrix_type: str,
     layers = cfg.num_hidden_layers
 
     def put(gguf_name: str, array: np.ndarray, kind: str) -> np.ndarray:
-        qtype = QTYPES[kind]
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        if qtype == GGMLQuantizationType.F32:
-            w.add_tensor(gguf_name, array)
-            return array
-        shape = array.shape
-        data = quants.quantize(array.reshape(-1, shape[-1]), qtype)
-        w.add_tensor(gguf_name, data.reshape(*shape[:-1], -1), raw_dtype=qtype)
-        return quants.dequantize(data, qtype).reshape(shape)
+        return write_tensor(w, gguf_name, array, kind)
 
     reference: dict[str, torch.Tensor] = {}
     for name, tensor in hf_model.state_dict().items():

@@ -24,9 +24,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter, quants
+from gguf import GGUFWriter
 
-from .gguf_writer import QTYPES, _write_experts, _write_tokenizer, finish, write_model_keys
+from .gguf_writer import (
+    _write_experts,
+    _write_tokenizer,
+    finish,
+    write_model_keys,
+    write_tensor,
+)
 
 _PLAIN = {  # HF suffix under model.layers.N -> GGUF name under blk.N
     "input_layernorm.weight": "attn_norm.weight",
@@ -72,18 +78,7 @@ def write_hybrid_gguf(hf_model, path: Path, arch: str, matrix_type: str = "q8_0"
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(h, np.float32))
 
     def put(name: str, array: np.ndarray, kind: str) -> np.ndarray:
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        qtype = QTYPES[kind if array.ndim == 2 else "f32"]
-        if qtype == GGMLQuantizationType.F32:
-            w.add_tensor(name, array)
-            return array
-        if array.shape[-1] % 32:  # no whole blocks: F16, as llama-quantize's fallback
-            half = array.astype(np.float16)
-            w.add_tensor(name, half)
-            return half.astype(np.float32)
-        data = quants.quantize(array, qtype)
-        w.add_tensor(name, data, raw_dtype=qtype)
-        return quants.dequantize(data, qtype).reshape(array.shape)
+        return write_tensor(w, name, array, kind if np.ndim(array) == 2 else "f32")
 
     def heads(x: np.ndarray, axis: int, size: int, back: bool = False) -> np.ndarray:
         """Value heads along ``axis`` (``size`` values each) grouped -> tiled
