@@ -25,6 +25,7 @@
 #include "paternoster/fused_ops.h"
 #include "paternoster/kv_cache_manager.h"
 #include "paternoster/linear.h"
+#include "paternoster/moe.h"
 #include "paternoster/thread_pool.h"
 
 namespace py = pybind11;
@@ -520,6 +521,47 @@ PYBIND11_MODULE(_core, m) {
       py::arg("in_features"), py::call_guard<py::gil_scoped_release>(),
       "Dequantize weight rows to float32 on raw data pointers.");
 
+  // Routed experts in one call (see paternoster/moe.h).
+  using Parts = std::vector<std::tuple<uintptr_t, WeightFormat, int64_t>>;
+  auto weight_parts = [](const Parts& parts) {
+    std::vector<WeightPart> ps;
+    for (const auto& [data, format, rows] : parts) {
+      ps.push_back(WeightPart{ptr<const void>(data), format, rows});
+    }
+    return ps;
+  };
+  py::class_<MoeExperts>(m, "MoeExperts",
+                         "Routed SwiGLU experts run in one call on raw pointers.")
+      .def(py::init([weight_parts](int64_t hidden_size, int64_t intermediate_size,
+                                   int64_t num_experts, int64_t top_k, bool norm_topk_prob,
+                                   DType dtype, const Parts& router, const Parts& gate_up,
+                                   const Parts& down) {
+             return new MoeExperts(hidden_size, intermediate_size, num_experts, top_k,
+                                   norm_topk_prob, dtype, weight_parts(router),
+                                   weight_parts(gate_up), weight_parts(down));
+           }),
+           py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("num_experts"),
+           py::arg("top_k"), py::arg("norm_topk_prob"), py::arg("dtype"), py::arg("router"),
+           py::arg("gate_up"), py::arg("down"))
+      .def(
+          "_forward_ptr",
+          [](const MoeExperts& e, uintptr_t out, uintptr_t x, int64_t num_tokens,
+             bool batch_invariant) {
+            e.forward(ptr<void>(out), ptr<const void>(x), num_tokens, batch_invariant);
+          },
+          py::arg("out"), py::arg("x"), py::arg("num_tokens"), py::arg("batch_invariant"),
+          py::call_guard<py::gil_scoped_release>(), "out = the block on x (paternoster/moe.h).");
+  m.def(
+      "_moe_route_ptr",
+      [](uintptr_t weights, uintptr_t experts, uintptr_t logits, int64_t num_tokens,
+         int64_t num_experts, int64_t top_k, bool renormalize) {
+        moe_route(ptr<float>(weights), ptr<int32_t>(experts), ptr<const float>(logits),
+                  num_tokens, num_experts, top_k, renormalize);
+      },
+      py::arg("weights"), py::arg("experts"), py::arg("logits"), py::arg("num_tokens"),
+      py::arg("num_experts"), py::arg("top_k"), py::arg("renormalize"),
+      py::call_guard<py::gil_scoped_release>(), "Softmax top-k routing (paternoster/moe.h).");
+
   // The decoder stack in one call (see paternoster/decoder.h).
   py::class_<DecoderStack>(m, "DecoderStack",
                            "A Llama-family decoder stack run in one call on raw pointers.")
@@ -527,7 +569,11 @@ PYBIND11_MODULE(_core, m) {
                        int64_t head_size, int64_t intermediate_size, double rms_norm_eps,
                        DType dtype, uintptr_t cos_sin_cache, int64_t max_positions, bool is_neox,
                        int64_t num_blocks, int64_t block_size, bool batch_invariant,
-                       const std::vector<std::vector<uint64_t>>& layers, uintptr_t final_norm) {
+                       const std::vector<std::vector<uint64_t>>& layers, uintptr_t final_norm,
+                       const std::vector<py::object>& moe) {
+             if (!moe.empty() && moe.size() != layers.size()) {
+               throw std::invalid_argument("moe needs one entry (or None) per layer");
+             }
              DecoderConfig c;
              c.hidden_size = hidden_size;
              c.num_heads = num_heads;
@@ -578,6 +624,9 @@ PYBIND11_MODULE(_core, m) {
                  }
                  i += 2 + 3 * f[i + 1];
                }
+               if (!moe.empty() && !moe[ls.size()].is_none()) {
+                 l.moe = moe[ls.size()].cast<const MoeExperts*>();
+               }
                ls.push_back(l);
              }
              return new DecoderStack(c, std::move(ls), ptr<const void>(final_norm));
@@ -586,7 +635,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("head_size"), py::arg("intermediate_size"), py::arg("rms_norm_eps"),
            py::arg("dtype"), py::arg("cos_sin_cache"), py::arg("max_positions"),
            py::arg("is_neox"), py::arg("num_blocks"), py::arg("block_size"),
-           py::arg("batch_invariant"), py::arg("layers"), py::arg("final_norm"))
+           py::arg("batch_invariant"), py::arg("layers"), py::arg("final_norm"),
+           py::arg("moe") = std::vector<py::object>{}, py::keep_alive<1, 17>())
       .def(
           "_forward_ptr",
           [](DecoderStack& s, uintptr_t out, uintptr_t x, uintptr_t positions,

@@ -70,9 +70,16 @@ DecoderStack::DecoderStack(const DecoderConfig& config, std::vector<DecoderLayer
     const std::string at = "layer " + std::to_string(i) + ": ";
     if (!l.input_norm || !l.post_attention_norm) fail(at + "norm weights must not be null");
     const int64_t q_size = c_.num_heads * c_.head_size, kv_size = c_.num_kv_heads * c_.head_size;
-    const std::pair<const DecoderWeight*, int64_t> projections[] = {
-        {&l.qkv, q_size + 2 * kv_size}, {&l.o, c_.hidden_size},
-        {&l.gate_up, 2 * c_.intermediate_size}, {&l.down, c_.hidden_size}};
+    std::vector<std::pair<const DecoderWeight*, int64_t>> projections = {
+        {&l.qkv, q_size + 2 * kv_size}, {&l.o, c_.hidden_size}};
+    if (l.moe) {
+      if (l.moe->hidden_size() != c_.hidden_size || l.moe->dtype() != c_.dtype) {
+        fail(at + "the routed experts' hidden size and dtype must be the model's");
+      }
+    } else {
+      projections.push_back({&l.gate_up, 2 * c_.intermediate_size});
+      projections.push_back({&l.down, c_.hidden_size});
+    }
     for (const auto& [w, rows] : projections) {
       if (w->parts.empty()) {
         if (!w->data) fail(at + "projection weights must not be null");
@@ -164,6 +171,10 @@ void DecoderStack::forward(void* out, void* x, const int64_t* positions,
                     c_.batch_invariant, l.sliding_window);
     project(l.o, proj, attn, dt, T, H, q_size, c_.batch_invariant);
     fused_add_rms_norm(proj, residual, l.post_attention_norm, T, H, c_.rms_norm_eps, dt);
+    if (l.moe) {
+      l.moe->forward(mlp, proj, T, c_.batch_invariant);
+      continue;
+    }
     project(l.gate_up, gate_up, proj, dt, T, 2 * I, H, c_.batch_invariant);
     silu_and_mul(act, gate_up, T, I, dt);
     project(l.down, mlp, act, dt, T, H, I, c_.batch_invariant);

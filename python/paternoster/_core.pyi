@@ -549,6 +549,34 @@ def _dequantize_rows_ptr(out: int, weight: int, format: WeightFormat, num_rows: 
                          in_features: int) -> None:
     """Rows of a weight in ``format`` -> float32 ``out [num_rows, in_features]``."""
 
+class MoeExperts:
+    """Routed SwiGLU experts run in one call (paternoster/moe.h). Use
+    :class:`paternoster.kernels.moe.CpuMoeExperts` instead."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        top_k: int,
+        norm_topk_prob: bool,
+        dtype: DType,
+        router: list[tuple[int, WeightFormat, int]],
+        gate_up: list[tuple[int, WeightFormat, int]],
+        down: list[tuple[int, WeightFormat, int]],
+    ) -> None:
+        """Each weight as the parts [(data, format, rows)] its rows are stored
+        in: router [E, H], gate_up [E 2I, H], down [E H, I]. ValueError for
+        parts of the wrong rows or format, or top_k outside [1, E]."""
+
+    def _forward_ptr(self, out: int, x: int, num_tokens: int, batch_invariant: bool) -> None:
+        """out [T, H] = the block on x [T, H]. Releases the GIL."""
+
+def _moe_route_ptr(weights: int, experts: int, logits: int, num_tokens: int, num_experts: int,
+                   top_k: int, renormalize: bool) -> None:
+    """Softmax top-k routing: float32 logits [T, E] -> float32 weights and
+    int32 experts [T, top_k] (paternoster/moe.h: moe_route)."""
+
 class DecoderStack:
     """A Llama-family decoder stack run in one call (paternoster/decoder.h). Use
     :class:`paternoster.kernels.CpuDecoderStack` instead."""
@@ -572,11 +600,14 @@ class DecoderStack:
         batch_invariant: bool,
         layers: list[list[int]],
         final_norm: int,
+        moe: list[MoeExperts | None] = ...,
     ) -> None:
         """``layers``: per layer 20 ints: input norm, post-attention norm, then
         (weight, format, bias) for qkv, o, gate_up, down, the key and value
         caches, the q and k norms (0: none), use_rope (0/1) and the sliding
-        window (0: none). ValueError naming a bad field."""
+        window (0: none). ``moe``: empty, or per layer its routed experts
+        (kept alive by the stack) or None (the SwiGLU MLP of gate_up and
+        down). ValueError naming a bad field."""
 
     def _forward_ptr(
         self,

@@ -12,7 +12,8 @@
 // optional (null), in `dtype`; weights dense in `dtype` or quantized
 // (WeightFormat). Caches [num_blocks, block_size, Hkv, D] in `dtype`.
 // Optional per-head query/key RMSNorm weights [D] (Qwen3) normalize every
-// head of q and k after the projection, before RoPE.
+// head of q and k after the projection, before RoPE. A layer's feed-forward
+// block is the SwiGLU MLP, or routed experts (paternoster/moe.h).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@
 
 #include "paternoster/attention.h"
 #include "paternoster/linear.h"
+#include "paternoster/moe.h"
 
 namespace paternoster {
 
@@ -35,7 +37,8 @@ struct DecoderWeight {
 struct DecoderLayer {
   const void* input_norm = nullptr;          // [hidden]
   const void* post_attention_norm = nullptr;  // [hidden]
-  DecoderWeight qkv, o, gate_up, down;
+  DecoderWeight qkv, o, gate_up, down;  // gate_up and down unused with `moe`
+  const MoeExperts* moe = nullptr;  // routed experts as the feed-forward block, or null
   const void* q_norm = nullptr;  // [head_size] or null (Qwen3's per-head norms)
   const void* k_norm = nullptr;  // both or neither
   bool use_rope = true;          // false: no RoPE in this layer (SmolLM3's NoPE layers)

@@ -59,12 +59,14 @@ from paternoster.kernels.elementwise import (
 )
 from paternoster.kernels.emulation import cuda_emulation_available, emulated_cuda_backend
 from paternoster.kernels.linear import linear
+from paternoster.kernels.moe import CpuMoeExperts, moe_route
 from paternoster.kernels.quant import QUANT_FORMATS, QuantizedWeight, WeightParts
 
 __all__ = [
     "Backend",
     "CpuBackend",
     "CpuDecoderStack",
+    "CpuMoeExperts",
     "CudaBackend",
     "NativeBackend",
     "QUANT_FORMATS",
@@ -81,6 +83,7 @@ __all__ = [
     "get_num_threads",
     "get_spin_micros",
     "linear",
+    "moe_route",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",

@@ -14,6 +14,7 @@ import torch
 from paternoster import _core
 from paternoster.kernels.checks import check_tensor
 from paternoster.kernels.cpu import CPU_DTYPES, WEIGHT_FORMATS
+from paternoster.kernels.moe import CpuMoeExperts
 from paternoster.kernels.quant import QuantizedWeight, WeightParts
 
 Weight = torch.Tensor | QuantizedWeight | WeightParts
@@ -26,13 +27,15 @@ class StackLayer:
     Attributes:
         input_norm, post_attention_norm: ``[H]`` norm weights.
         qkv, o, gate_up, down: (weight, bias or None); weights dense in the
-            model dtype or quantized.
+            model dtype or quantized (gate_up and down unused with ``moe``).
         key_cache, value_cache: ``[num_blocks, block_size, Hkv, D]``.
         q_norm, k_norm: ``[D]`` per-head RMSNorm weights (Qwen3), both or neither.
         use_rope: False for a layer without RoPE (SmolLM3's NoPE layers).
         sliding_window: W > 0: the layer's attention sees each query's last W
             positions (see :func:`paternoster.kernels.paged_attention`); 0:
             full causal attention.
+        moe: routed experts as the layer's feed-forward block, or None (the
+            SwiGLU MLP of gate_up and down).
 
     Raises:
         ValueError: a negative ``sliding_window``.
@@ -50,6 +53,7 @@ class StackLayer:
     k_norm: torch.Tensor | None = None
     use_rope: bool = True
     sliding_window: int = 0
+    moe: CpuMoeExperts | None = None
 
     def __post_init__(self) -> None:
         if self.sliding_window < 0:
@@ -94,7 +98,8 @@ class CpuDecoderStack:
             num_blocks=cache_shape[0], block_size=cache_shape[1],
             batch_invariant=batch_invariant,
             layers=[self._fields(layer, dtype) for layer in layers],
-            final_norm=final_norm.data_ptr())
+            final_norm=final_norm.data_ptr(),
+            moe=[None if layer.moe is None else layer.moe.core for layer in layers])
         self.dtype = dtype
         self.hidden_size = config.hidden_size
 
@@ -103,7 +108,9 @@ class CpuDecoderStack:
         fields = [layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr()]
         stored_apart: list[int] = []  # after the 20 fields: slot, count, (data, format, rows)*
         for slot, (weight, bias) in enumerate((layer.qkv, layer.o, layer.gate_up, layer.down)):
-            if isinstance(weight, WeightParts):
+            if slot >= 2 and layer.moe is not None:
+                fields += [0, 0]
+            elif isinstance(weight, WeightParts):
                 stored_apart += [slot, len(weight.parts)]
                 for p in weight.parts:
                     stored_apart += [p.data.data_ptr(), int(WEIGHT_FORMATS[p.format]), p.shape[0]]

@@ -33,6 +33,7 @@ from paternoster.kernels import QuantizedWeight, WeightParts
 from paternoster.model.attention import AttentionMetadata, AttentionOps, paged_attention_layer
 from paternoster.model.kv_layout import KVCacheLayout, layer_windows
 from paternoster.model.llama_weights import LlamaWeights, Weight
+from paternoster.model.moe import SparseMoeBlock
 from paternoster.model.rope import RotaryEmbedding, rope_parameters
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -341,7 +342,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         if self.layers[0].self_attn.ops is not kernels or self.dtype not in (torch.float32,
                                                                           torch.bfloat16):
             return None
-        if not self.core_only_step(num_tokens) or not self._dense_mlps():
+        if not self.core_only_step(num_tokens) or not self._stack_mlps(num_tokens):
             return None
         if self.kv_cache_layout.num_groups > 1:  # the stack reads one block table
             return None
@@ -363,12 +364,13 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         return (kernels.core_runs_matmuls(num_tokens) or self.batch_invariant
                 or self._all_quantized())
 
-    def _dense_mlps(self) -> bool:
-        """Every layer's feed-forward block is the SwiGLU MLP (the one the
-        core's decoder stack has; routed experts run in the Python layers)."""
-        if getattr(self, "_dense_mlp_layers", None) is None:
-            self._dense_mlp_layers = all(isinstance(layer.mlp, LlamaMLP) for layer in self.layers)
-        return self._dense_mlp_layers
+    def _stack_mlps(self, num_tokens: int) -> bool:
+        """Every layer's feed-forward block is one the core's decoder stack
+        has: the SwiGLU MLP, or routed experts that run as one core call
+        (:meth:`SparseMoeBlock.core_experts`)."""
+        return all(isinstance(mlp, LlamaMLP) or (
+            isinstance(mlp, SparseMoeBlock) and mlp.core_experts(num_tokens) is not None)
+            for mlp in (layer.mlp for layer in self.layers))
 
     def _all_quantized(self) -> bool:
         if getattr(self, "_quantized_layers", None) is None:
@@ -406,7 +408,8 @@ def embed(input_ids: torch.Tensor, table: Weight, dtype: torch.dtype) -> torch.T
 def _stack_layer(layer: LlamaDecoderLayer, cache: KVCache) -> kernels.StackLayer:
     attn, mlp = layer.self_attn, layer.mlp
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # Qwen3
-    return kernels.StackLayer(
+    moe = mlp.core_experts(1) if isinstance(mlp, SparseMoeBlock) else None
+    return kernels.StackLayer(moe=moe,
         input_norm=layer.input_layernorm.weight,
         post_attention_norm=layer.post_attention_layernorm.weight,
         qkv=(attn.qkv_weight, attn.qkv_bias), o=(attn.o_weight, attn.o_bias),

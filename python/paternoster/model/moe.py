@@ -5,7 +5,11 @@ a SwiGLU MLP, and their outputs are summed with the routing weights.
 
 Experts are computed grouped: the step's (token, expert) pairs are sorted by
 expert and each expert multiplies all of its tokens in one matmul, rather than
-one token (or one request) at a time.
+one token (or one request) at a time. On CPU, where every matmul of the block
+runs on the core's kernels (quantized experts, few enough tokens, or
+batch-invariant mode), the whole block is one call into the core
+(:class:`~paternoster.kernels.moe.CpuMoeExperts`), which the core's decoder
+stack calls too.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import torch
 from torch import nn
 
 from paternoster import kernels
+from paternoster.kernels.cpu import CPU_DTYPES
+from paternoster.kernels.moe import CpuMoeExperts
+from paternoster.kernels.quant import QuantizedWeight, WeightParts
 
 
 class SparseMoeBlock(nn.Module):
@@ -78,8 +85,36 @@ class SparseMoeBlock(nn.Module):
         (``+ router_bias`` when the block has biases)."""
         return kernels.linear(x, self.router_weight, self.router_bias, invariant=self.invariant)
 
+    def core_experts(self, num_tokens: int) -> CpuMoeExperts | None:
+        """The core's one-call block for a CPU step of ``num_tokens`` tokens,
+        or None to run the experts here: the block has SwiGLU experts without
+        biases, its weights are on the CPU in float32/bfloat16 (or quantized),
+        and every matmul takes the core's kernel (quantized experts, at most
+        ``kernels.cpu.DENSE_CORE_MAX_TOKENS`` tokens, or batch-invariant
+        mode). Built once per set of weights."""
+        if (self.router_bias is not None or type(self).activation is not SparseMoeBlock.activation
+                or self.router_weight.device.type != "cpu"):
+            return None
+        weights = (self.router_weight, self.gate_up_weight, self.down_weight)
+        quantized = all(isinstance(w, QuantizedWeight | WeightParts) for w in weights[1:])
+        if not (quantized or self.invariant or kernels.core_runs_matmuls(num_tokens)):
+            return None
+        key = tuple(id(w) for w in weights)
+        if getattr(self, "_core_key", None) != key:
+            dtype = (self.router_weight.dtype if isinstance(self.router_weight, torch.Tensor)
+                     else None)
+            self._core = None
+            if dtype in CPU_DTYPES:
+                self._core = CpuMoeExperts(*weights, self.hidden, self.inter, self.num_experts,
+                                           self.top_k, self.norm_topk_prob, dtype)
+            self._core_key = key
+        return self._core
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[T, H]`` -> ``[T, H]``: the routed experts' outputs, weighted and summed."""
+        core = self.core_experts(x.shape[0]) if x.device.type == "cpu" else None
+        if core is not None and x.dtype == core.dtype:
+            return core.forward(x.contiguous(), self.invariant)
         weights, experts = self.route(x)
         out = torch.zeros_like(x)
         if x.shape[0] == 1:  # one token: no grouping to do, the same sums in the same order

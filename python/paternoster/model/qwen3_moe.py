@@ -5,8 +5,9 @@ feed-forward block of every ``decoder_sparse_step``-th layer outside
 ``mlp_only_layers`` (the others keep a dense SwiGLU MLP).
 
 Matches HF transformers' ``Qwen3MoeForCausalLM`` (tests/model/test_qwen3_moe.py).
-CPU steps run the Python layers (the core's one-call decoder stack has no
-MoE block yet); GGUF MoE files are not read yet.
+On CPU each layer's experts are one core call (paternoster/moe.h), and the
+core's decoder stack runs whole steps as for the dense models. GGUF files
+(``qwen3moe``) are served with the experts where they lie in the file.
 """
 
 from __future__ import annotations
