@@ -11,7 +11,9 @@ tokenizer is the default model's (SmolLM2's 49k BPE, which the converter
 recognises), its vocabulary padded to the model's size by the converter:
 speed and memory depend on the vocabulary's size, not on its strings. Shapes
 are the published configs' (hidden, layers, heads, widths, vocabulary).
-Random weights make near-flat next-token distributions: use these files for
+Qwen3-30B-A3B's BF16 intermediate (61 GB) does not fit this disk: it is
+built with 16 experts per layer and its quantized files widened to 128
+(:mod:`gguf_expand`). Random weights make near-flat next-token distributions: use these files for
 speed and memory, and for correctness only through measures that do not need
 a confident model.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
+import gguf_expand  # noqa: E402
 import llamacpp  # noqa: E402
 
 OUT_DIR = REPO / "build" / "gguf"
@@ -54,12 +57,24 @@ SHAPES: dict[str, tuple[str, dict]] = {
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
         tie_word_embeddings=False, rope_theta=500_000.0, max_position_embeddings=131072,
         rope_scaling=dict(_LLAMA3_ROPE, factor=8.0))),
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", dict(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_local_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+        vocab_size=151936, tie_word_embeddings=False, rope_theta=1_000_000.0,
+        max_position_embeddings=40960)),
 }
 
+#: Shapes whose BF16 intermediate does not fit this disk: built with this many
+#: experts per layer, converted and quantized, then widened to the real count
+#: (:func:`gguf_expand.expand_experts`; no BF16 file of the real model).
+BUILT_EXPERTS = {"qwen3-30b-a3b": 16}
 
-def hf_checkpoint(name: str, out: Path) -> Path:
-    """A random-weight bfloat16 HF directory of shape ``name`` with the default
-    model's tokenizer files (made once)."""
+
+def hf_checkpoint(name: str, out: Path, overrides: dict | None = None) -> Path:
+    """A random-weight bfloat16 HF directory of shape ``name`` (its config
+    arguments updated by ``overrides``) with the default model's tokenizer
+    files (made once)."""
     import torch
     import transformers
 
@@ -68,7 +83,7 @@ def hf_checkpoint(name: str, out: Path) -> Path:
     if (out / "config.json").is_file():
         return out
     cls_name, kwargs = SHAPES[name]
-    config = getattr(transformers, cls_name)(**kwargs)
+    config = getattr(transformers, cls_name)(**{**kwargs, **(overrides or {})})
     config.architectures = [cls_name.replace("Config", "ForCausalLM")]
     torch.manual_seed(0)
     with torch.device("cpu"):
@@ -87,13 +102,33 @@ def hf_checkpoint(name: str, out: Path) -> Path:
 
 def convert(name: str, types: list[str]) -> dict[str, Path]:
     """BF16 GGUF by llama.cpp's converter, then each of ``types`` by
-    ``llama-quantize`` (each made once)."""
+    ``llama-quantize`` (each made once). For :data:`BUILT_EXPERTS` shapes:
+    those files with fewer experts, then each quantized one widened to the
+    real count (the BF16 one is not)."""
+    experts = BUILT_EXPERTS.get(name)
+    if experts is None:
+        return _convert(name, name, types, {})
+    stem = f"{name}-{experts}-experts"
+    small = _convert(name, stem, types, {"num_local_experts": experts})
+    count = SHAPES[name][1]["num_local_experts"]
+    out = {}
+    for t in types:
+        dst = OUT_DIR / name / f"{name}-{t}.gguf"
+        if not dst.is_file():
+            gguf_expand.expand_experts(small[t], dst, count)
+        out[t] = dst
+    return out
+
+
+def _convert(name: str, stem: str, types: list[str], overrides: dict) -> dict[str, Path]:
+    """:func:`convert` for shape ``name`` (its config updated by
+    ``overrides``), files named ``{stem}-{type}.gguf``."""
     base = OUT_DIR / name
     base.mkdir(parents=True, exist_ok=True)
-    bf16 = base / f"{name}-BF16.gguf"
+    bf16 = base / f"{stem}-BF16.gguf"
     out = {}
-    if not bf16.is_file() or any(not (base / f"{name}-{t}.gguf").is_file() for t in types):
-        hf = hf_checkpoint(name, base / "hf")
+    if not bf16.is_file() or any(not (base / f"{stem}-{t}.gguf").is_file() for t in types):
+        hf = hf_checkpoint(name, base / f"hf-{stem}", overrides)
         if not bf16.is_file():
             script = llamacpp.download_source() / "convert_hf_to_gguf.py"
             tmp = bf16.with_suffix(".tmp")
@@ -102,7 +137,7 @@ def convert(name: str, types: list[str]) -> dict[str, Path]:
             tmp.replace(bf16)
     out["BF16"] = bf16
     for t in types:
-        dst = base / f"{name}-{t}.gguf"
+        dst = base / f"{stem}-{t}.gguf"
         if not dst.is_file():
             tmp = dst.with_suffix(".tmp")
             llamacpp.run_logged([llamacpp.binary("llama-quantize"), bf16, tmp, t], 3600)
@@ -120,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     files = convert(args.shape, [t for t in args.types.split(",") if t])
     if not args.keep_hf:
-        shutil.rmtree(OUT_DIR / args.shape / "hf", ignore_errors=True)
+        for hf in (OUT_DIR / args.shape).glob("hf-*"):
+            shutil.rmtree(hf, ignore_errors=True)
     for t, p in files.items():
         print(f"{t}: {p} ({p.stat().st_size / 2**30:.2f} GiB)")
     return 0

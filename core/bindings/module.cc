@@ -535,14 +535,21 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([weight_parts](int64_t hidden_size, int64_t intermediate_size,
                                    int64_t num_experts, int64_t top_k, bool norm_topk_prob,
                                    DType dtype, const Parts& router, const Parts& gate_up,
-                                   const Parts& down) {
+                                   const Parts& down, uintptr_t router_bias,
+                                   uintptr_t gate_up_bias, uintptr_t down_bias, int activation,
+                                   float alpha, float limit) {
+             const MoeBiases biases{ptr<const void>(router_bias), ptr<const void>(gate_up_bias),
+                                    ptr<const void>(down_bias)};
              return new MoeExperts(hidden_size, intermediate_size, num_experts, top_k,
                                    norm_topk_prob, dtype, weight_parts(router),
-                                   weight_parts(gate_up), weight_parts(down));
+                                   weight_parts(gate_up), weight_parts(down), biases,
+                                   static_cast<MoeActivation>(activation), alpha, limit);
            }),
            py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("num_experts"),
            py::arg("top_k"), py::arg("norm_topk_prob"), py::arg("dtype"), py::arg("router"),
-           py::arg("gate_up"), py::arg("down"))
+           py::arg("gate_up"), py::arg("down"), py::arg("router_bias") = 0,
+           py::arg("gate_up_bias") = 0, py::arg("down_bias") = 0, py::arg("activation") = 0,
+           py::arg("alpha") = 0.0f, py::arg("limit") = 0.0f)
       .def(
           "_forward_ptr",
           [](const MoeExperts& e, uintptr_t out, uintptr_t x, int64_t num_tokens,

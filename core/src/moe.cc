@@ -19,6 +19,14 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
+float load(const void* p, int64_t i, DType dt) {
+  if (dt == DType::kFloat32) return static_cast<const float*>(p)[i];
+  const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 void store(void* p, int64_t i, float f, DType dt) {
   if (dt == DType::kFloat32) {
     static_cast<float*>(p)[i] = f;
@@ -103,10 +111,18 @@ void moe_route(float* weights, int32_t* experts, const float* logits, int64_t nu
 MoeExperts::MoeExperts(int64_t hidden_size, int64_t intermediate_size, int64_t num_experts,
                        int64_t top_k, bool norm_topk_prob, DType dtype,
                        std::vector<WeightPart> router, std::vector<WeightPart> gate_up,
-                       std::vector<WeightPart> down)
+                       std::vector<WeightPart> down, MoeBiases biases,
+                       MoeActivation activation, float alpha, float limit)
     : hidden_(hidden_size), inter_(intermediate_size), num_experts_(num_experts),
-      top_k_(top_k), norm_topk_prob_(norm_topk_prob), dtype_(dtype), router_(std::move(router)) {
+      top_k_(top_k), norm_topk_prob_(norm_topk_prob), dtype_(dtype), biases_(biases),
+      activation_(activation), alpha_(alpha), limit_(limit), router_(std::move(router)) {
   dtype_size(dtype);
+  if (activation_ != MoeActivation::kSwiGLU && activation_ != MoeActivation::kClampedSwiGLU) {
+    fail("MoeExperts: unknown activation " + std::to_string(static_cast<int>(activation_)));
+  }
+  if (activation_ == MoeActivation::kClampedSwiGLU && !(limit_ > 0.0f)) {
+    fail("MoeExperts: the clamped SwiGLU needs limit > 0, got " + std::to_string(limit_));
+  }
   if (hidden_ <= 0 || inter_ <= 0 || num_experts_ <= 0) {
     fail("MoeExperts: hidden_size, intermediate_size and num_experts must be > 0");
   }
@@ -123,6 +139,21 @@ MoeExperts::MoeExperts(int64_t hidden_size, int64_t intermediate_size, int64_t n
   }
 }
 
+void MoeExperts::activate(void* act, const void* gate_up, int64_t rows) const {
+  if (activation_ == MoeActivation::kSwiGLU) {
+    silu_and_mul(act, gate_up, rows, inter_, dtype_);
+    return;
+  }
+  const int64_t I = inter_;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < I; ++i) {
+      const float g = std::min(load(gate_up, r * 2 * I + i, dtype_), limit_);
+      const float u = std::clamp(load(gate_up, r * 2 * I + I + i, dtype_), -limit_, limit_);
+      store(act, r * I + i, (u + 1.0f) * g / (1.0f + std::exp(-alpha_ * g)), dtype_);
+    }
+  }
+}
+
 void MoeExperts::forward(void* out, const void* x, int64_t num_tokens,
                          bool batch_invariant) const {
   const int64_t T = num_tokens, H = hidden_, I = inter_, E = num_experts_, k = top_k_;
@@ -134,7 +165,10 @@ void MoeExperts::forward(void* out, const void* x, int64_t num_tokens,
   std::vector<float> logits(static_cast<size_t>(T * E)), weights(static_cast<size_t>(T * k));
   std::vector<int32_t> experts(static_cast<size_t>(T * k));
   linear_parts(logits.data(), DType::kFloat32, x, dt, router_.data(),
-               static_cast<int64_t>(router_.size()), nullptr, T, H, batch_invariant);
+               static_cast<int64_t>(router_.size()), biases_.router, T, H, batch_invariant);
+  auto at = [elem](const void* base, int64_t index) -> const void* {
+    return base ? static_cast<const uint8_t*>(base) + index * elem : nullptr;
+  };
   moe_route(weights.data(), experts.data(), logits.data(), T, E, k, norm_topk_prob_);
 
   std::vector<float> acc(static_cast<size_t>(T * H), 0.0f);
@@ -152,21 +186,27 @@ void MoeExperts::forward(void* out, const void* x, int64_t num_tokens,
     std::sort(slots.begin(), slots.end(),
               [&](int32_t a, int32_t b) { return experts[a] < experts[b]; });
     std::vector<WeightPart> parts;
+    std::vector<uint8_t> bias;  // the chosen experts' gate/up biases, in their order
     for (int32_t s : slots) {
       const auto& p = gate_up_[experts[s]];
       parts.insert(parts.end(), p.begin(), p.end());
+      if (biases_.gate_up) {
+        const auto* b = static_cast<const uint8_t*>(at(biases_.gate_up, experts[s] * 2 * I));
+        bias.insert(bias.end(), b, b + 2 * I * elem);
+      }
     }
     gu.resize(static_cast<size_t>(k * 2 * I * elem));
     act.resize(static_cast<size_t>(k * I * elem));
     y.resize(static_cast<size_t>(H));
     linear_parts(gu.data(), dt, x, dt, parts.data(), static_cast<int64_t>(parts.size()),
-                 nullptr, 1, H, batch_invariant);
-    silu_and_mul(act.data(), gu.data(), k, I, dt);
+                 bias.empty() ? nullptr : bias.data(), 1, H, batch_invariant);
+    activate(act.data(), gu.data(), k);
     for (int64_t j = 0; j < k; ++j) {
       const int32_t s = slots[j];
       const auto& d = down_[experts[s]];
       linear_parts(y.data(), DType::kFloat32, act.data() + j * I * elem, dt, d.data(),
-                   static_cast<int64_t>(d.size()), nullptr, 1, I, batch_invariant);
+                   static_cast<int64_t>(d.size()), at(biases_.down, experts[s] * H), 1, I,
+                   batch_invariant);
       add(0, y.data(), weights[s]);
     }
   } else {
@@ -194,10 +234,10 @@ void MoeExperts::forward(void* out, const void* x, int64_t num_tokens,
       const auto& g = gate_up_[e];
       const auto& d = down_[e];
       linear_parts(gu.data(), dt, xe.data(), dt, g.data(), static_cast<int64_t>(g.size()),
-                   nullptr, n, H, batch_invariant);
-      silu_and_mul(act.data(), gu.data(), n, I, dt);
+                   at(biases_.gate_up, e * 2 * I), n, H, batch_invariant);
+      activate(act.data(), gu.data(), n);
       linear_parts(y.data(), DType::kFloat32, act.data(), dt, d.data(),
-                   static_cast<int64_t>(d.size()), nullptr, n, I, batch_invariant);
+                   static_cast<int64_t>(d.size()), at(biases_.down, e * H), n, I, batch_invariant);
       for (int64_t j = 0; j < n; ++j) add(ps[j] / k, y.data() + j * H, weights[ps[j]]);
     }
   }

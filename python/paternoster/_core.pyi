@@ -564,10 +564,18 @@ class MoeExperts:
         router: list[tuple[int, WeightFormat, int]],
         gate_up: list[tuple[int, WeightFormat, int]],
         down: list[tuple[int, WeightFormat, int]],
+        router_bias: int = 0,
+        gate_up_bias: int = 0,
+        down_bias: int = 0,
+        activation: int = 0,
+        alpha: float = 0.0,
+        limit: float = 0.0,
     ) -> None:
         """Each weight as the parts [(data, format, rows)] its rows are stored
-        in: router [E, H], gate_up [E 2I, H], down [E H, I]. ValueError for
-        parts of the wrong rows or format, or top_k outside [1, E]."""
+        in: router [E, H], gate_up [E 2I, H], down [E H, I]; biases (0: none)
+        [E], [E 2I], [E H] in dtype; activation 0 SwiGLU, 1 gpt-oss's clamped
+        SwiGLU (alpha, limit > 0). ValueError for parts of the wrong rows or
+        format, top_k outside [1, E], or a bad activation."""
 
     def _forward_ptr(self, out: int, x: int, num_tokens: int, batch_invariant: bool) -> None:
         """out [T, H] = the block on x [T, H]. Releases the GIL."""

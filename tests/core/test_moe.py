@@ -20,10 +20,14 @@ H, INTER, E, K = 256, 64, 8, 3
 
 
 def reference(x: torch.Tensor, router: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-              top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 (out ``[T, H]``, chosen experts ``[T, top_k]``) from the definition."""
+              top_k: int, renormalize: bool, biases=(None, None, None),
+              clamp: tuple[float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (out ``[T, H]``, chosen experts ``[T, top_k]``) from the
+    definition; ``clamp`` = (alpha, limit): gpt-oss's clamped SwiGLU."""
     x = x.double()
-    probs = torch.softmax(x @ router.double().T, dim=-1)
+    zero = torch.zeros(1, dtype=torch.float64)
+    rb, gb, db = (zero if b is None else b.double() for b in biases)
+    probs = torch.softmax(x @ router.double().T + rb, dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
@@ -33,8 +37,18 @@ def reference(x: torch.Tensor, router: torch.Tensor, gate_up: torch.Tensor, down
         for s in range(top_k):
             e = int(ids[t, s])
             gu = gate_up.double()[e * 2 * i:(e + 1) * 2 * i] @ x[t]
-            act = torch.nn.functional.silu(gu[:i]) * gu[i:]
-            out[t] += weights[t, s] * (down.double()[e * h:(e + 1) * h] @ act)
+            if gb.numel() > 1:
+                gu = gu + gb[e * 2 * i:(e + 1) * 2 * i]
+            if clamp is None:
+                act = torch.nn.functional.silu(gu[:i]) * gu[i:]
+            else:
+                alpha, limit = clamp
+                g, u = gu[:i].clamp(max=limit), gu[i:].clamp(-limit, limit)
+                act = (u + 1) * g * torch.sigmoid(alpha * g)
+            y = down.double()[e * h:(e + 1) * h] @ act
+            if db.numel() > 1:
+                y = y + db[e * h:(e + 1) * h]
+            out[t] += weights[t, s] * y
     return out, ids
 
 
@@ -165,3 +179,33 @@ def test_quantized_weight_stacked_in_one_matrix():
     clear = _clear_routing(x, router, K)
     err = (block.forward(x, invariant=True).double() - ref).norm(dim=-1) / ref.norm(dim=-1)
     assert err[clear].max() < 1e-5  # float32 throughout
+
+
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_biases_and_clamped_swiglu_match_float64(tokens):
+    """gpt-oss's experts: biases on the router and both projections, the
+    clamped SwiGLU (alpha 1.702, limit 7: large weights so the clamps bite),
+    the softmax over the top-k logits alone (= renormalized top-k)."""
+    g = torch.Generator().manual_seed(tokens)
+    router, gate_up, down = _dense(torch.float32, tokens)
+    gate_up = gate_up * 30  # pre-activations beyond +-7
+    biases = (torch.randn(E, generator=g), torch.randn(E * 2 * INTER, generator=g),
+              torch.randn(E * H, generator=g))
+    x = torch.randn(tokens, H, generator=g)
+    block = CpuMoeExperts(router, gate_up, down, H, INTER, E, K, True, torch.float32, biases,
+                          "clamped_swiglu", 1.702, 7.0)
+    ref, _ = reference(x, router, gate_up, down, K, True, biases, clamp=(1.702, 7.0))
+    pre = (x.double() @ gate_up.double().T).abs()
+    assert (pre > 7).float().mean() > 0.2  # the clamps are exercised
+    err = (block.forward(x).double() - ref).norm(dim=-1) / ref.norm(dim=-1)
+    assert err.max() < 1e-5  # float32 throughout
+
+
+def test_bad_activation_is_refused():
+    router, gate_up, down = _dense(torch.float32, 0)
+    with pytest.raises(ValueError, match="activation"):
+        CpuMoeExperts(router, gate_up, down, H, INTER, E, K, True, torch.float32,
+                      activation="gelu")
+    with pytest.raises(ValueError, match="limit > 0"):
+        CpuMoeExperts(router, gate_up, down, H, INTER, E, K, True, torch.float32,
+                      activation="clamped_swiglu", alpha=1.0, limit=0.0)

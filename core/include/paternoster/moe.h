@@ -12,11 +12,15 @@
 //   gate_up  [E * 2I, H]   expert e's gate rows, then its up rows, at [e 2I, (e + 1) 2I)
 //   down     [E * H, I]    expert e's rows at [e H, (e + 1) H)
 //   x, out   [T, H] in `dtype` (float32 or bfloat16); dense weights in `dtype`.
+//   biases   optional (null), in `dtype`: router [E], gate_up [E * 2I], down [E * H]
+//            (gpt-oss), stacked as the weights' rows.
 //
 // Arithmetic: router logits in float32; softmax over the E logits, the top_k
 // largest probabilities (ties: the lower expert first), renormalized to sum to
-// 1 if norm_topk_prob; each expert's gate/up projection rounded to dtype,
-// silu_and_mul rounded to dtype (as a dense MLP), its down projection kept in
+// 1 if norm_topk_prob (which is also the softmax over the top_k logits alone,
+// gpt-oss's routing); each expert's gate/up projection rounded to dtype, its
+// activation rounded to dtype (SwiGLU as silu_and_mul, as a dense MLP; or
+// gpt-oss's clamped SwiGLU in float32), its down projection kept in
 // float32, times the routing weight and summed over the token's experts in
 // ascending expert order in float32, rounded to dtype once. A token's result
 // depends on its own row alone (not on the batch) whenever the linear kernel's
@@ -41,14 +45,29 @@ namespace paternoster {
 void moe_route(float* weights, int32_t* experts, const float* logits, int64_t num_tokens,
                int64_t num_experts, int64_t top_k, bool renormalize);
 
+// An expert's gating of its gate/up projection [n, 2I] (gate columns, then up):
+//   kSwiGLU:        silu(gate) * up                         (Shazeer 2020)
+//   kClampedSwiGLU: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g),
+//                   g = min(gate, limit)          (gpt-oss's reference code)
+enum class MoeActivation : int32_t { kSwiGLU = 0, kClampedSwiGLU = 1 };
+
+struct MoeBiases {
+  const void* router = nullptr;
+  const void* gate_up = nullptr;
+  const void* down = nullptr;
+};
+
 class MoeExperts {
  public:
   // Checks sizes, pointers and formats (std::invalid_argument naming the
   // field): the parts of router, gate_up and down must hold E, E 2I and E H
-  // rows; dense parts must be in `dtype`. The weights must outlive the object.
+  // rows; dense parts must be in `dtype`; kClampedSwiGLU needs limit > 0. The
+  // weights and biases must outlive the object.
   MoeExperts(int64_t hidden_size, int64_t intermediate_size, int64_t num_experts,
              int64_t top_k, bool norm_topk_prob, DType dtype, std::vector<WeightPart> router,
-             std::vector<WeightPart> gate_up, std::vector<WeightPart> down);
+             std::vector<WeightPart> gate_up, std::vector<WeightPart> down,
+             MoeBiases biases = {}, MoeActivation activation = MoeActivation::kSwiGLU,
+             float alpha = 0.0f, float limit = 0.0f);
 
   // out [T, H] = the block on x [T, H] (see the header comment); out and x
   // must not overlap. Safe to call from several threads at once (scratch is
@@ -59,9 +78,15 @@ class MoeExperts {
   DType dtype() const { return dtype_; }
 
  private:
+  // act [rows, I] = the activation of gate_up [rows, 2I].
+  void activate(void* act, const void* gate_up, int64_t rows) const;
+
   int64_t hidden_, inter_, num_experts_, top_k_;
   bool norm_topk_prob_;
   DType dtype_;
+  MoeBiases biases_;
+  MoeActivation activation_;
+  float alpha_, limit_;
   std::vector<WeightPart> router_;
   // Per expert, the parts holding its gate/up rows [2I, H] and down rows [H, I].
   std::vector<std::vector<WeightPart>> gate_up_, down_;

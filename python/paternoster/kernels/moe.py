@@ -33,6 +33,11 @@ def weight_parts(weight: Weight, dtype: torch.dtype) -> list[tuple[int, object, 
     return [(weight.data_ptr(), WEIGHT_FORMATS[dtype], weight.shape[0])]
 
 
+#: The experts' gating functions the core has (``paternoster/moe.h``
+#: MoeActivation): SwiGLU, and gpt-oss's clamped SwiGLU (alpha, limit).
+ACTIVATIONS = {"swiglu": 0, "clamped_swiglu": 1}
+
+
 class CpuMoeExperts:
     """The core's routed experts over a block's weights (kept referenced).
 
@@ -41,24 +46,40 @@ class CpuMoeExperts:
             then its up rows); down: ``[E * H, I]``. Dense in ``dtype``, or
             quantized (:class:`QuantizedWeight` or :class:`WeightParts`).
         hidden, inter: H and I. num_experts: E. top_k: experts per token.
-        norm_topk_prob: renormalize the chosen experts' probabilities to 1.
+        norm_topk_prob: renormalize the chosen experts' probabilities to 1
+            (the same as a softmax over the top-k logits alone: gpt-oss).
         dtype: activations' dtype, float32 or bfloat16.
+        biases: (router ``[E]``, gate_up ``[E * 2I]``, down ``[E * H]``),
+            each in ``dtype`` or None.
+        activation: a key of :data:`ACTIVATIONS`, with ``alpha`` and
+            ``limit`` for ``"clamped_swiglu"``.
     Raises:
-        ValueError: a bad dtype, a weight of the wrong rows or format, or
-            ``top_k`` outside ``[1, num_experts]`` (the core's checks).
+        ValueError: a bad dtype or activation, a weight of the wrong rows or
+            format, or ``top_k`` outside ``[1, num_experts]`` (the core's checks).
     """
 
     def __init__(self, router: Weight, gate_up: Weight, down: Weight, hidden: int, inter: int,
-                 num_experts: int, top_k: int, norm_topk_prob: bool,
-                 dtype: torch.dtype) -> None:
+                 num_experts: int, top_k: int, norm_topk_prob: bool, dtype: torch.dtype,
+                 biases: tuple[torch.Tensor | None, ...] = (None, None, None),
+                 activation: str = "swiglu", alpha: float = 0.0, limit: float = 0.0) -> None:
         if dtype not in CPU_DTYPES:
             raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
-        self._keep = (router, gate_up, down)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        rows = (num_experts, num_experts * 2 * inter, num_experts * hidden)
+        for bias, n, name in zip(biases, rows, ("router", "gate_up", "down"), strict=True):
+            if bias is not None and check_tensor(bias, f"{name} bias", 1, dtype)[0] != n:
+                raise ValueError(f"{name} bias needs {n} entries, got {bias.shape[0]}")
+        self._keep = (router, gate_up, down, biases)
         self.core = _core.MoeExperts(
             hidden_size=hidden, intermediate_size=inter, num_experts=num_experts, top_k=top_k,
             norm_topk_prob=norm_topk_prob, dtype=CPU_DTYPES[dtype],
             router=weight_parts(router, dtype), gate_up=weight_parts(gate_up, dtype),
-            down=weight_parts(down, dtype))
+            down=weight_parts(down, dtype),
+            router_bias=0 if biases[0] is None else biases[0].data_ptr(),
+            gate_up_bias=0 if biases[1] is None else biases[1].data_ptr(),
+            down_bias=0 if biases[2] is None else biases[2].data_ptr(),
+            activation=ACTIVATIONS[activation], alpha=alpha, limit=limit)
         self.dtype, self.hidden = dtype, hidden
 
     def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:

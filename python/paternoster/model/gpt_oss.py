@@ -28,9 +28,10 @@ directly by the CPU kernels).
 :class:`~paternoster.model.moe.SparseMoeBlock` loads.
 
 Matches HF transformers' ``GptOssForCausalLM`` (tests/model/test_gpt_oss.py).
-Every step runs the Python layers (the core's decoder stack has neither
-experts nor sinks). HF keeps the RMSNorm weights in float32 for bfloat16
-models; ours are in the model dtype, as Llama's.
+Every step runs the Python layers (the core's decoder stack has no sinks);
+on CPU each layer's experts are one core call (paternoster/moe.h). HF keeps
+the RMSNorm weights in float32 for bfloat16 models; ours are in the model
+dtype, as Llama's.
 """
 
 from __future__ import annotations
@@ -114,6 +115,12 @@ class GptOssMoE(SparseMoeBlock):
         top, experts = torch.topk(logits, self.top_k, dim=-1)
         return torch.softmax(top.float(), dim=-1).to(x.dtype), experts
 
+    def core_activation(self) -> tuple[str, float, float]:
+        """The core's clamped SwiGLU (paternoster/moe.h) with this alpha and
+        limit; the routing is the core's renormalized top-k, which is the
+        softmax over the top-k logits of :meth:`route`."""
+        return ("clamped_swiglu", self.alpha, self.limit)
+
     def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``[n, 2I]`` (gate columns, then up) -> ``[n, I]``: the clamped
         SwiGLU of gpt-oss's reference code, ``(up' + 1) * g * sigmoid(alpha * g)``
@@ -134,7 +141,7 @@ class GptOssForCausalLM(LlamaForCausalLM):
     """
 
     attention_cls = GptOssAttention
-    #: The core's decoder stack has no experts and no sinks.
+    #: The core's decoder stack has no attention sinks.
     fused_steps = False
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,

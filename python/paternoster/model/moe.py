@@ -85,28 +85,38 @@ class SparseMoeBlock(nn.Module):
         (``+ router_bias`` when the block has biases)."""
         return kernels.linear(x, self.router_weight, self.router_bias, invariant=self.invariant)
 
+    def core_activation(self) -> tuple[str, float, float] | None:
+        """The core's name (:data:`paternoster.kernels.moe.ACTIVATIONS`), alpha
+        and limit for :meth:`activation`, or None where the core has none
+        like it (a subclass overriding :meth:`activation` says so here)."""
+        return ("swiglu", 0.0, 0.0) if type(self).activation is SparseMoeBlock.activation else None
+
     def core_experts(self, num_tokens: int) -> CpuMoeExperts | None:
         """The core's one-call block for a CPU step of ``num_tokens`` tokens,
-        or None to run the experts here: the block has SwiGLU experts without
-        biases, its weights are on the CPU in float32/bfloat16 (or quantized),
-        and every matmul takes the core's kernel (quantized experts, at most
+        or None to run the experts here: the core has the block's activation
+        (:meth:`core_activation`), its weights are on the CPU in
+        float32/bfloat16 (or quantized), and every matmul takes the core's
+        kernel (quantized experts, at most
         ``kernels.cpu.DENSE_CORE_MAX_TOKENS`` tokens, or batch-invariant
         mode). Built once per set of weights."""
-        if (self.router_bias is not None or type(self).activation is not SparseMoeBlock.activation
-                or self.router_weight.device.type != "cpu"):
+        activation = self.core_activation()
+        if activation is None or self.router_weight.device.type != "cpu":
             return None
         weights = (self.router_weight, self.gate_up_weight, self.down_weight)
         quantized = all(isinstance(w, QuantizedWeight | WeightParts) for w in weights[1:])
         if not (quantized or self.invariant or kernels.core_runs_matmuls(num_tokens)):
             return None
-        key = tuple(id(w) for w in weights)
+        biases = (self.router_bias, self.gate_up_bias, self.down_bias)
+        key = tuple(id(w) for w in (*weights, *biases))
         if getattr(self, "_core_key", None) != key:
             dtype = (self.router_weight.dtype if isinstance(self.router_weight, torch.Tensor)
                      else None)
             self._core = None
             if dtype in CPU_DTYPES:
+                name, alpha, limit = activation
                 self._core = CpuMoeExperts(*weights, self.hidden, self.inter, self.num_experts,
-                                           self.top_k, self.norm_topk_prob, dtype)
+                                           self.top_k, self.norm_topk_prob, dtype, biases,
+                                           name, alpha, limit)
             self._core_key = key
         return self._core
 
