@@ -1,16 +1,22 @@
-"""Mixture-of-experts decode: experts grouped per expert (the model's
-:class:`~paternoster.model.moe.SparseMoeBlock`) against a per-token loop
-(each token's k experts called one at a time, the naive baseline), on a
-Qwen3-MoE-shaped model with random weights, interleaved in one process
-(``bench/decode_ab.py``'s rounds), at the batch sizes given.
+"""Mixture-of-experts decode, three ways interleaved in one process
+(``bench/decode_ab.py``'s rounds), at the batch sizes given:
+
+- ``core``: the model as it runs: each layer's experts one call into the
+  core (``paternoster/moe.h``), whole steps in the core's decoder stack;
+- ``python``: the Python layers with the experts grouped per expert in
+  Python (:class:`~paternoster.model.moe.SparseMoeBlock`'s torch path: two
+  core matmuls and an activation per expert);
+- ``per-token``: the Python layers with each token's k experts called one at
+  a time (the naive baseline).
 
 The model: Qwen3-30B-A3B's proportions scaled down (64 experts, 8 per token,
 hidden 512, expert width 128, 4 layers, head size 64), the default model's
 tokenizer, built with transformers into a temporary directory.
 
-Usage::
+Usage (``--model``: any MoE model instead, e.g. a GGUF file of
+``bench/make_gguf.py qwen3-30b-a3b``)::
 
-    .venv/bin/python bench/moe.py --batches 1,8,32 [--threads 2] [--rounds 4]
+    .venv/bin/python bench/moe.py --batches 1,8,32 [--threads 2] [--rounds 4] [--model PATH]
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -77,28 +84,39 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--model", default=None, help="an MoE model (default: the small one built)")
     args = ap.parse_args()
 
     from paternoster import LLM
     from paternoster.bench.roofline import machine_info
     from paternoster.model.moe import SparseMoeBlock
 
-    grouped = SparseMoeBlock.forward
-    choices = {"grouped": lambda: setattr(SparseMoeBlock, "forward", grouped),
-               "per-token": lambda: setattr(SparseMoeBlock, "forward", per_token_forward)}
+    grouped, core_experts = SparseMoeBlock.forward, SparseMoeBlock.core_experts
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as d:
-        llm = LLM(str(build_model(Path(d))), dtype="bfloat16", num_threads=args.threads,
+        path = args.model or str(build_model(Path(d)))
+        llm = LLM(path, dtype="bfloat16", num_threads=args.threads,
                   max_model_len=4096, max_num_seqs=max(batches))
+        model = llm.engine.runner.model
+
+        def setting(core: bool, forward) -> Callable[[], None]:
+            def apply() -> None:
+                model.fused_steps = core
+                SparseMoeBlock.core_experts = core_experts if core else lambda self, n: None
+                SparseMoeBlock.forward = forward
+            return apply
+
+        choices = {"core": setting(True, grouped), "python": setting(False, grouped),
+                   "per-token": setting(False, per_token_forward)}
         print(machine_info())
         results = run_ab(llm.engine, choices, batches, args.rounds, args.steps,
                          args.prompt_len, len(llm.tokenizer), "moe")
-        SparseMoeBlock.forward = grouped
-    print("\n| batch | grouped ms/step | per-token ms/step | per-token / grouped |")
-    print("|---:|---:|---:|---:|")
+        setting(True, grouped)()
+    print("\n| batch | core ms/step | python ms/step | per-token ms/step | python / core |")
+    print("|---:|---:|---:|---:|---:|")
     for b, r in results.items():
-        print(f"| {b} | {r['grouped']:.2f} | {r['per-token']:.2f} | "
-              f"{r['per-token'] / r['grouped']:.2f}× |")
+        print(f"| {b} | {r['core']:.2f} | {r['python']:.2f} | {r['per-token']:.2f} | "
+              f"{r['python'] / r['core']:.2f}× |")
 
 
 if __name__ == "__main__":
