@@ -9,11 +9,13 @@ file here. Every tensor type is then the one ``llama-quantize`` chose, every
 metadata key the one the converter wrote, and the expert matrices have their
 real shapes. Only two things change:
 
-- each ``*_exps`` tensor ``[E, rows, K]`` is repeated along E up to the new
-  count (expert e holds the blocks of expert ``e % E``);
-- the router (``ffn_gate_inp``, float32 ``[E, H]``) gets fresh random rows,
-  N(0, 0.02^2) like HF's init, so tokens spread over all the experts rather
-  than only over copies of the first E.
+- each ``*_exps`` tensor (``[E, rows, K]`` weights, ``[E, rows]`` biases) is
+  repeated along E up to the new count (expert e holds the blocks of expert
+  ``e % E``);
+- the router (``ffn_gate_inp``, float32 ``[E, H]``, and its bias ``[E]``
+  where it has one) gets fresh random values, N(0, 0.02^2) like HF's init,
+  so tokens spread over all the experts rather than only over copies of the
+  first E.
 
 ``{arch}.expert_count`` is set to the new count. Speed and memory depend on
 the shapes and the types, not on the values, so the widened file measures
@@ -62,16 +64,20 @@ def expand_experts(src: Path, dst: Path, experts: int, seed: int = 0) -> Path:
         value = experts if field.name == key else field.contents()
         writer.add_key_value(field.name, value, kind, sub_type=sub)
 
+    def per_expert(t) -> bool:
+        return "_exps." in t.name or ".ffn_gate_inp." in t.name
+
     def widened(t) -> np.ndarray:
-        if t.name.endswith("_exps.weight"):
+        if "_exps." in t.name:
             return np.concatenate([t.data] * reps, axis=0)
-        if t.name.endswith("ffn_gate_inp.weight"):
-            return rng.normal(0.0, 0.02, size=(experts, t.data.shape[-1])).astype(t.data.dtype)
+        if ".ffn_gate_inp." in t.name:
+            shape = (experts, *t.data.shape[1:])
+            return rng.normal(0.0, 0.02, size=shape).astype(t.data.dtype)
         return t.data
 
     for t in reader.tensors:
         shape = list(t.data.shape)
-        if t.name.endswith(("_exps.weight", "ffn_gate_inp.weight")):
+        if per_expert(t):
             shape[0] = experts
         nbytes = t.data.nbytes // t.data.shape[0] * shape[0]
         writer.add_tensor_info(t.name, shape, t.data.dtype, nbytes, t.tensor_type)

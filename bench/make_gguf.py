@@ -11,9 +11,11 @@ tokenizer is the default model's (SmolLM2's 49k BPE, which the converter
 recognises), its vocabulary padded to the model's size by the converter:
 speed and memory depend on the vocabulary's size, not on its strings. Shapes
 are the published configs' (hidden, layers, heads, widths, vocabulary).
-Qwen3-30B-A3B's BF16 intermediate (61 GB) does not fit this disk: it is
-built with 16 experts per layer and its quantized files widened to 128
-(:mod:`gguf_expand`). Random weights make near-flat next-token distributions: use these files for
+Qwen3-30B-A3B's BF16 intermediate (61 GB) and gpt-oss-20b's (42 GB) do not
+fit this disk: they are built with 16 and 4 experts per layer and their
+quantized files widened to 128 and 32 (:mod:`gguf_expand`). gpt-oss-20b is
+published as MXFP4 experts with the rest in Q8_0: ``--types MXFP4_MOE``.
+Random weights make near-flat next-token distributions: use these files for
 speed and memory, and for correctness only through measures that do not need
 a confident model.
 """
@@ -63,12 +65,20 @@ SHAPES: dict[str, tuple[str, dict]] = {
         num_local_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
         vocab_size=151936, tie_word_embeddings=False, rope_theta=1_000_000.0,
         max_position_embeddings=40960)),
+    "gpt-oss-20b": ("GptOssConfig", dict(
+        hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+        num_local_experts=32, num_experts_per_tok=4, vocab_size=201088, sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"] * 12, tie_word_embeddings=False,
+        max_position_embeddings=131072, rope_theta=150_000.0,
+        rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                          original_max_position_embeddings=4096, truncate=False))),
 }
 
 #: Shapes whose BF16 intermediate does not fit this disk: built with this many
 #: experts per layer, converted and quantized, then widened to the real count
 #: (:func:`gguf_expand.expand_experts`; no BF16 file of the real model).
-BUILT_EXPERTS = {"qwen3-30b-a3b": 16}
+BUILT_EXPERTS = {"qwen3-30b-a3b": 16, "gpt-oss-20b": 4}
 
 
 def hf_checkpoint(name: str, out: Path, overrides: dict | None = None) -> Path:
@@ -108,15 +118,17 @@ def convert(name: str, types: list[str]) -> dict[str, Path]:
     experts = BUILT_EXPERTS.get(name)
     if experts is None:
         return _convert(name, name, types, {})
-    stem = f"{name}-{experts}-experts"
-    small = _convert(name, stem, types, {"num_local_experts": experts})
-    count = SHAPES[name][1]["num_local_experts"]
-    out = {}
-    for t in types:
-        dst = OUT_DIR / name / f"{name}-{t}.gguf"
-        if not dst.is_file():
-            gguf_expand.expand_experts(small[t], dst, count)
-        out[t] = dst
+    out = {t: OUT_DIR / name / f"{name}-{t}.gguf" for t in types}
+    todo = [t for t in types if not out[t].is_file()]
+    if todo:
+        stem = f"{name}-{experts}-experts"
+        small = _convert(name, stem, todo, {"num_local_experts": experts})
+        # the narrow model's BF16 file and checkpoint are of no further use: room on disk
+        small.pop("BF16").unlink()
+        shutil.rmtree(OUT_DIR / name / f"hf-{stem}", ignore_errors=True)
+        for t in todo:
+            gguf_expand.expand_experts(small[t], out[t], SHAPES[name][1]["num_local_experts"])
+            small[t].unlink()
     return out
 
 
