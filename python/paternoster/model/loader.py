@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from paternoster.kernels import WeightParts
 from paternoster.model.attention import AttentionOps
 from paternoster.model.gemma3 import Gemma3ForCausalLM
 from paternoster.model.gguf import gguf_weights
@@ -281,8 +283,10 @@ def load_model(model_dir: str | Path, hf_config, dtype: torch.dtype, ops: Attent
         logger.info("dequantized %d quantized weights to %s at load: the quantized kernels "
                     "run on CPU only", len(quantized), dtype)
     elif quantized:
+        parts = Counter(p.format for w in quantized
+                        for p in (w.parts if isinstance(w, WeightParts) else (w,)))
         logger.info("%d weights kept quantized (%s)", len(quantized),
-                    ", ".join(sorted({w.format for w in quantized})))
+                    ", ".join(f"{f}: {n} matrices" for f, n in sorted(parts.items())))
     unused = [n for n in unused if not n.endswith("rotary_emb.inv_freq")]
     if unused:
         logger.warning("ignored %d checkpoint tensors, e.g. %s", len(unused), unused[:4])
