@@ -164,6 +164,17 @@ T* ptr(uintptr_t p) {
   return reinterpret_cast<T*>(p);
 }
 
+// (data, format, rows) tuples from Python -> WeightPart (linear_parts, MoeExperts).
+using PartTuples = std::vector<std::tuple<uintptr_t, WeightFormat, int64_t>>;
+
+std::vector<WeightPart> weight_parts(const PartTuples& parts) {
+  std::vector<WeightPart> ps;
+  for (const auto& [data, format, rows] : parts) {
+    ps.push_back(WeightPart{ptr<const void>(data), format, rows});
+  }
+  return ps;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -495,12 +506,9 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "_linear_parts_ptr",
       [](uintptr_t out, DType out_dtype, uintptr_t x, DType x_dtype,
-         const std::vector<std::tuple<uintptr_t, WeightFormat, int64_t>>& parts, uintptr_t bias,
-         int64_t num_tokens, int64_t in_features, bool batch_invariant) {
-        std::vector<WeightPart> ps;
-        for (const auto& [data, format, rows] : parts) {
-          ps.push_back(WeightPart{ptr<const void>(data), format, rows});
-        }
+         const PartTuples& parts, uintptr_t bias, int64_t num_tokens, int64_t in_features,
+         bool batch_invariant) {
+        const std::vector<WeightPart> ps = weight_parts(parts);
         py::gil_scoped_release release;
         linear_parts(ptr<void>(out), out_dtype, ptr<const void>(x), x_dtype, ps.data(),
                      static_cast<int64_t>(ps.size()), ptr<const void>(bias), num_tokens,
@@ -522,20 +530,13 @@ PYBIND11_MODULE(_core, m) {
       "Dequantize weight rows to float32 on raw data pointers.");
 
   // Routed experts in one call (see paternoster/moe.h).
-  using Parts = std::vector<std::tuple<uintptr_t, WeightFormat, int64_t>>;
-  auto weight_parts = [](const Parts& parts) {
-    std::vector<WeightPart> ps;
-    for (const auto& [data, format, rows] : parts) {
-      ps.push_back(WeightPart{ptr<const void>(data), format, rows});
-    }
-    return ps;
-  };
   py::class_<MoeExperts>(m, "MoeExperts",
                          "Routed SwiGLU experts run in one call on raw pointers.")
-      .def(py::init([weight_parts](int64_t hidden_size, int64_t intermediate_size,
+      .def(py::init([](int64_t hidden_size, int64_t intermediate_size,
                                    int64_t num_experts, int64_t top_k, bool norm_topk_prob,
-                                   DType dtype, const Parts& router, const Parts& gate_up,
-                                   const Parts& down, uintptr_t router_bias,
+                                   DType dtype, const PartTuples& router,
+                                   const PartTuples& gate_up, const PartTuples& down,
+                                   uintptr_t router_bias,
                                    uintptr_t gate_up_bias, uintptr_t down_bias, int activation,
                                    float alpha, float limit) {
              const MoeBiases biases{ptr<const void>(router_bias), ptr<const void>(gate_up_bias),

@@ -342,7 +342,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         if self.layers[0].self_attn.ops is not kernels or self.dtype not in (torch.float32,
                                                                           torch.bfloat16):
             return None
-        if not self.core_only_step(num_tokens) or not self._stack_mlps(num_tokens):
+        if not self.core_only_step(num_tokens) or not self._stack_mlps():
             return None
         if self.kv_cache_layout.num_groups > 1:  # the stack reads one block table
             return None
@@ -364,13 +364,16 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         return (kernels.core_runs_matmuls(num_tokens) or self.batch_invariant
                 or self._all_quantized())
 
-    def _stack_mlps(self, num_tokens: int) -> bool:
+    def _stack_mlps(self) -> bool:
         """Every layer's feed-forward block is one the core's decoder stack
         has: the SwiGLU MLP, or routed experts that run as one core call
-        (:meth:`SparseMoeBlock.core_experts`)."""
-        return all(isinstance(mlp, LlamaMLP) or (
-            isinstance(mlp, SparseMoeBlock) and mlp.core_experts(num_tokens) is not None)
-            for mlp in (layer.mlp for layer in self.layers))
+        (:meth:`SparseMoeBlock.core_experts`; its token-count condition is
+        :meth:`core_only_step`'s, checked by the caller). Decided once."""
+        if getattr(self, "_stack_mlp_layers", None) is None:
+            self._stack_mlp_layers = all(isinstance(mlp, LlamaMLP) or (
+                isinstance(mlp, SparseMoeBlock) and mlp.core_experts(1) is not None)
+                for mlp in (layer.mlp for layer in self.layers))
+        return self._stack_mlp_layers
 
     def _all_quantized(self) -> bool:
         if getattr(self, "_quantized_layers", None) is None:
