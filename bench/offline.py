@@ -194,9 +194,17 @@ def bench_hf_cb(model, prompts, outs, args) -> tuple[float, int, dict]:
 # ---------------------------------------------------------------- decode phase
 
 
+def decode_model_len(args) -> int:
+    """The context :func:`decode_llm` gives: ``MAX_MODEL_LEN``, or room for
+    a longer ``--decode-prompt-len`` and its timed steps."""
+    need = args.decode_prompt_len + args.decode_warmup + args.decode_steps
+    return max(MAX_MODEL_LEN, need + 16)
+
+
 def decode_llm(model_dir, batches: list[int], args):
     """The :class:`paternoster.LLM` that :func:`bench_decode` measures: ``args``'
-    dtype, threads and batch-invariant mode, ``max(batches)`` sequences a step."""
+    dtype, threads and batch-invariant mode, ``max(batches)`` sequences a step,
+    a context of :func:`decode_model_len`."""
     from paternoster import LLM
 
     return LLM(
@@ -204,7 +212,7 @@ def decode_llm(model_dir, batches: list[int], args):
         dtype=args.dtype,
         max_num_seqs=max(batches),
         num_threads=args.threads,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=decode_model_len(args),
         batch_invariant=getattr(args, "batch_invariant", False),
     )
 
@@ -237,7 +245,8 @@ def bench_decode(model_dir, batches: list[int], args, llm=None, round_index: int
     gen = random.Random(f"{args.seed}/{round_index}" if round_index else args.seed)
     vocab = len(llm.tokenizer)
     plen = args.decode_prompt_len
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN - plen, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=decode_model_len(args) - plen,
+                            ignore_eos=True)
     need = args.decode_warmup + args.decode_steps
     warm = [gen.randrange(3, vocab) for _ in range(plen)]
     llm.generate([warm], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import statistics
 import sys
 import time
@@ -179,7 +180,8 @@ def combine_rounds(rounds: list[dict[str, dict]]) -> dict[str, dict]:
 
 def cmd_decode(args: argparse.Namespace) -> str:
     """Measure llama.cpp (``llama-batched-bench``) and Paternoster at every batch,
-    ``--rounds`` times alternately (one engine of ours per format, reused);
+    ``--rounds`` times alternately, one file (format) after the other (one
+    engine of ours per file, reused over its rounds, freed after them);
     print and return the table (medians and per-round ratios when rounds > 1)."""
     from paternoster.model.default_model import default_model_dir
 
@@ -194,36 +196,39 @@ def cmd_decode(args: argparse.Namespace) -> str:
         gguf = paths[kind]
         if not gguf.is_file():
             raise FileNotFoundError(f"{gguf} is missing: run `python bench/peers.py convert` first")
-    engines: dict[str, tuple[Path, object]] = {}
-    notes: dict[str, str] = {}
+    rounds: list[dict[str, dict]] = [{} for _ in range(args.rounds)]
     for kind in args.weights:
+        # One file at a time: its engine is built, measured over every round
+        # and freed before the next file's (engines left alive slow the one
+        # measured: a Qwen3-4B batch-1 step was 0.75x llama.cpp with two
+        # smaller engines in the process, 1.04x alone).
+        note, llm = None, None
         if kind == "bf16" and not args.files:
-            engines[kind] = (default_model_dir(), ours_engine(default_model_dir(), batches, args))
+            model, llm = default_model_dir(), ours_engine(default_model_dir(), batches, args)
         elif not args.ours_quantized:
-            notes[kind] = "not run (--ours-quantized)"
+            note = "not run (--ours-quantized)"
         elif (llm := ours_quantized_engine(paths[kind], batches, args)) is None:
-            notes[kind] = "n/a (not supported yet)"
+            note = "n/a (not supported yet)"
         else:
-            engines[kind] = (paths[kind], llm)
-    rounds = []
-    for r in range(args.rounds):
-        results: dict[str, dict] = {}
-        for kind in args.weights:
+            model = paths[kind]
+        for r in range(args.rounds):
             rows = llamacpp.batched_bench(
                 paths[kind], batches, args.prompt_len, gen_len, args.threads,
                 repack=args.llama_repack,
             )
-            results[kind] = {"llama": {row.b: row for row in rows}}
+            result = rounds[r][kind] = {"llama": {row.b: row for row in rows}}
             for row in rows:
                 print(f"round {r + 1}: llama.cpp {kind} batch {row.b}: "
                       f"decode {row.s_tg:.1f}, prefill {row.s_pp:.1f} tok/s")  # fmt: skip
-            if kind in notes:
-                results[kind]["ours_note"] = notes[kind]
+            if note is not None:
+                result["ours_note"] = note
                 continue
-            model, llm = engines[kind]
             ours = ours_decode(model, batches, args, llm=llm, round_index=r)
-            results[kind]["ours"] = {row["batch"]: row for row in ours}
-        rounds.append(results)
+            result["ours"] = {row["batch"]: row for row in ours}
+        if llm is not None:
+            llm.shutdown()
+        del llm
+        gc.collect()
     table = decode_table(combine_rounds(rounds))
     paired = (
         f"; {args.rounds} paired rounds (llama.cpp then Paternoster, per format): "
