@@ -73,6 +73,23 @@ SHAPES: dict[str, tuple[str, dict]] = {
         max_position_embeddings=131072, rope_theta=150_000.0,
         rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
                           original_max_position_embeddings=4096, truncate=False))),
+    # Issue 39's families at their smallest released shapes.
+    "olmo-2-1b": ("Olmo2Config", dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16, vocab_size=100352,
+        tie_word_embeddings=False, rope_theta=500_000.0, max_position_embeddings=4096)),
+    "exaone-4.0-1.2b": ("Exaone4Config", dict(
+        hidden_size=2048, intermediate_size=4096, num_hidden_layers=30,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=102400,
+        tie_word_embeddings=True, sliding_window=None, layer_types=["full_attention"] * 30,
+        rope_parameters=dict(rope_type="llama3", rope_theta=1_000_000.0, factor=16.0,
+                             low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=8192),
+        max_position_embeddings=65536)),
+    "ministral-3-3b": ("Ministral3Config", dict(
+        hidden_size=3072, intermediate_size=9216, num_hidden_layers=26,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=131072,
+        tie_word_embeddings=True, max_position_embeddings=262144)),
 }
 
 #: Shapes whose BF16 intermediate does not fit this disk: built with this many

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter, quants
+from gguf import GGMLQuantizationType, GGUFWriter, RopeScalingType, quants
 
 QTYPES = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
           "q4_1": GGMLQuantizationType.Q4_1, "f32": GGMLQuantizationType.F32,
@@ -146,9 +146,14 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
     write_model_keys(w, cfg, rope.get("full_attention", rope)["rope_theta"])
     w.add_vocab_size(cfg.vocab_size)
     w.add_rope_dimension_count(head_dim)
-    if arch in ("qwen3", "qwen3moe", "gemma3"):
+    if arch in ("qwen3", "qwen3moe", "gemma3") or (
+            arch in ("exaone4", "mistral3") and getattr(cfg, "head_dim", None)):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch in ("olmo2", "exaone4"):
+        _write_window_keys(w, cfg)
+    if arch == "mistral3":
+        _write_yarn_keys(w, rope)
     if arch == "gemma3":  # as llama.cpp's Gemma3Model writes them
         w.add_sliding_window(cfg.sliding_window)
         local = cfg.rope_parameters["sliding_attention"]["rope_theta"]
@@ -181,7 +186,7 @@ def write_llama_gguf(hf_model, path: Path, matrix_type: str, embed_type: str = "
         if arch == "gemma3" and name.endswith("norm.weight"):
             array = array + 1.0  # llama.cpp stores Gemma's 1 + w
         heads = None
-        if arch not in ("llama", "smollm3"):
+        if arch not in ("llama", "smollm3", "mistral3"):
             pass  # llama.cpp permutes the q/k rows of its LlamaModel family only
         elif name.endswith("q_proj.weight"):
             heads = cfg.num_attention_heads
@@ -253,7 +258,37 @@ def _llama3_rope_factors(params: dict, head_dim: int) -> np.ndarray:
 
 
 #: Architectures written with gguf-py's TensorNameMap (the converter's table).
-_TABLE_NAMED = ("gemma3", "smollm3", "phi3")
+_TABLE_NAMED = ("gemma3", "smollm3", "phi3", "olmo2", "exaone4", "mistral3")
+
+
+def _write_window_keys(w: GGUFWriter, cfg) -> None:
+    """OLMo 3's and EXAONE 4's window, layer pattern and RoPE (llama.cpp's
+    Olmo2Model / Exaone4Model and TextModel.set_gguf_parameters)."""
+    if getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+    rope = cfg.rope_parameters
+    local = rope.get("sliding_attention", {}).get("rope_theta")
+    if local is not None:
+        w.add_rope_freq_base_swa(float(local))
+    _write_yarn_keys(w, rope.get("full_attention", rope))
+
+
+def _write_yarn_keys(w: GGUFWriter, rope: dict) -> None:
+    """YaRN scaling keys (TextModel.set_gguf_parameters) and Ministral 3's
+    log multiplier and query temperature (Mistral3Model)."""
+    if rope.get("rope_type") != "yarn":
+        return
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    for key, add in (("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+                     ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
+        if rope.get(key) is not None:
+            add(rope[key])
+    if rope.get("llama_4_scaling_beta") is not None:
+        w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+        w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
 
 
 def _table_name(arch: str, layers: int, hf_name: str) -> str | None:

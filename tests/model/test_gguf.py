@@ -194,18 +194,41 @@ def _random_norms(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "smollm3", "phi3"])
-def test_table_named_architectures_match_hf(tmp_path, arch):
+@pytest.mark.parametrize("case", ["gemma3", "smollm3", "phi3", "olmo2", "olmo3", "exaone4",
+                                  "ministral3"])
+def test_table_named_architectures_match_hf(tmp_path, case):
     """Gemma 3 (norms stored as 1 + w, sliding and global layers with their
-    RoPE bases from the keys, the query scale llama.cpp uses) and SmolLM3 (its
-    config built from the keys: NoPE every 4th layer; q/k rows permuted) as
-    llama.cpp's converter writes them: logits against HF's forward on the
-    file's values, relative error 1e-5 (a mis-ordered RoPE pair or a norm off
-    by one shows far above it)."""
+    RoPE bases from the keys, the query scale llama.cpp uses), SmolLM3 (its
+    config built from the keys: NoPE every 4th layer; q/k rows permuted),
+    OLMo 2/3 and EXAONE 4 (configs from the keys: window pattern, per-type
+    RoPE with YaRN on OLMo 3's full layers) and Ministral 3 (YaRN, the query
+    temperature, permuted q/k) as llama.cpp's converter writes them: logits
+    over 40 tokens (past the window and the temperature's first step) against
+    HF's forward on the file's values, relative error 1e-5 (a mis-ordered RoPE
+    pair or a norm off by one shows far above it)."""
     import transformers
 
     torch.manual_seed(20)
-    if arch == "gemma3":
+    arch = {"olmo3": "olmo2", "ministral3": "mistral3"}.get(case, case)
+    window = {"sliding_window": 8, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+    yarn = {"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+            "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0}
+    if case == "olmo2":
+        cfg = transformers.Olmo2Config(**TINY, pad_token_id=0, rope_theta=5000.0)
+    elif case == "olmo3":
+        cfg = transformers.Olmo3Config(**dict(TINY, num_hidden_layers=4), pad_token_id=0,
+                                       **window, rope_parameters={
+                                           "full_attention": yarn, "sliding_attention": {
+                                               "rope_type": "default", "rope_theta": 500.0}})
+    elif case == "exaone4":
+        cfg = transformers.Exaone4Config(**dict(TINY, num_hidden_layers=4), head_dim=16,
+                                         pad_token_id=0, **window)
+    elif case == "ministral3":
+        cfg = transformers.Ministral3Config(**TINY, head_dim=16, pad_token_id=0, rope_parameters={
+            **yarn, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1})
+    if case in ("olmo2", "olmo3", "exaone4", "ministral3"):
+        cfg.architectures = [type(cfg).__name__.replace("Config", "ForCausalLM")]
+    elif arch == "gemma3":
         cfg = transformers.Gemma3TextConfig(**dict(TINY, num_hidden_layers=6), head_dim=16,
                                             sliding_window=8, query_pre_attn_scalar=16,
                                             rope_theta=1e6, pad_token_id=0)

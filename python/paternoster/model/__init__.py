@@ -1,5 +1,6 @@
-"""The model side: our Llama/Qwen2/Qwen3(-MoE)/SmolLM3/Gemma 3/gpt-oss modules over a paged KV
-cache, weight loading, the ModelRunner, the Sampler and the embedded default model.
+"""The model side: our Llama/Qwen2/Qwen3(-MoE)/SmolLM3/Gemma 3/gpt-oss/OLMo/EXAONE/Ministral
+modules over a paged KV cache, weight loading, the ModelRunner, the Sampler and the embedded
+default model.
 
 Modules (import them directly; this package imports nothing heavy):
     default_model  SmolLM2-135M-Instruct, converted once from the bundled GGUF
@@ -12,6 +13,12 @@ Modules (import them directly; this package imports nothing heavy):
     smollm3        SmolLM3ForCausalLM (no RoPE in every fourth layer)
     phi3           Phi3ForCausalLM (fused projections in the checkpoint, LongRoPE, partial rotation)
     gemma3         Gemma3ForCausalLM (four norms per layer, GeGLU, local and global RoPE)
+    layer_types    sliding/full layer types and the per-type-RoPE model base (Gemma 3, OLMo 3,
+                   EXAONE 4)
+    olmo2          Olmo2ForCausalLM, Olmo3ForCausalLM (post-norm blocks, whole-projection q/k
+                   norms); PostNormDecoderLayer
+    exaone4        Exaone4ForCausalLM (post-norm blocks, per-head q/k norms, NoPE full layers)
+    ministral3     Ministral3ForCausalLM (YaRN, Llama 4's query temperature)
     gpt_oss        GptOssForCausalLM (attention sinks, biased experts with a clamped SwiGLU)
     mxfp4          MXFP4 (OCP MX) dequantization of gpt-oss's expert weights
     rope           rotary embedding tables (default, linear, llama3, yarn, longrope scaling;

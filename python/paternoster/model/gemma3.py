@@ -32,26 +32,23 @@ from torch import nn
 
 from paternoster import kernels
 from paternoster.model.attention import AttentionMetadata, AttentionOps
-from paternoster.model.llama import (
-    KVCache,
-    LlamaAttention,
-    LlamaForCausalLM,
-    Rope,
-    _param,
-    embed,
-)
-from paternoster.model.rope import RotaryEmbedding, rope_parameters
+from paternoster.model.layer_types import SLIDING, TypedLayersForCausalLM
+from paternoster.model.llama import KVCache, LlamaAttention, Rope, _param
+from paternoster.model.rope import rope_parameters
 
-SLIDING, FULL = "sliding_attention", "full_attention"
 
 class GemmaRMSNorm(nn.Module):
-    """Gemma's RMSNorm: ``x * rsqrt(mean(x^2) + eps) * (1 + w)``, all in
+    """Gemma's RMSNorm: ``x * rsqrt(mean(x^2) + eps) * (offset + w)``, all in
     float32 and cast back once at the end (HF ``Gemma3RMSNorm``'s order; Llama's
-    casts before the weight). The checkpoint stores ``w``, initialised to 0.
+    casts before the weight). Gemma's checkpoints store ``w`` initialised to
+    0, with ``offset`` 1; OLMo 2's norm is the same with ``offset`` 0
+    (:class:`~paternoster.model.olmo2.OlmoRMSNorm`).
 
     Args:
         size: the normalized (last) dimension. eps: added to the mean square.
     """
+
+    offset = 1.0
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
@@ -62,7 +59,7 @@ class GemmaRMSNorm(nn.Module):
         """x ``[..., size]`` -> new tensor of the same shape and dtype."""
         y = x.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).to(x.dtype)
+        return (y * (self.offset + self.weight.float())).to(x.dtype)
 
 
 class Gemma3Attention(LlamaAttention):
@@ -141,29 +138,6 @@ class Gemma3DecoderLayer(nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
-def layer_types(config) -> list[str]:
-    """Each layer's attention, ``"sliding_attention"`` or ``"full_attention"``:
-    ``config.layer_types``, else every ``sliding_window_pattern``-th layer full
-    (older configs; default 6).
-
-    Raises:
-        ValueError: not one known type per layer, or sliding layers without
-            a ``sliding_window``.
-    """
-    n = config.num_hidden_layers
-    types = getattr(config, "layer_types", None)
-    if types is None:
-        pattern = int(getattr(config, "sliding_window_pattern", None) or 6)
-        types = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
-    types = list(types)
-    if len(types) != n or any(t not in (SLIDING, FULL) for t in types):
-        raise ValueError(f"layer_types must name {SLIDING!r} or {FULL!r} for each of the "
-                         f"{n} layers, got {types}")
-    if SLIDING in types and not getattr(config, "sliding_window", None):
-        raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
-    return types
-
-
 def local_rope_parameters(config) -> dict:
     """RoPE of the sliding layers: transformers 5's ``rope_parameters
     ["sliding_attention"]``, else (4.x configs) ``rope_local_base_freq``
@@ -175,26 +149,24 @@ def local_rope_parameters(config) -> dict:
             "rope_theta": float(getattr(config, "rope_local_base_freq", 10000.0))}
 
 
-class Gemma3ForCausalLM(LlamaForCausalLM):
+class Gemma3ForCausalLM(TypedLayersForCausalLM):
     """Gemma 3 text models (see the module docstring).
 
     Attributes:
-        layer_types: each layer's attention (see :func:`layer_types`).
-        local_rotary: the sliding layers' RoPE table (``rotary`` is the
-            full-attention layers').
+        layer_types, local_rotary: as
+            :class:`~paternoster.model.layer_types.TypedLayersForCausalLM`.
         embed_scale: ``sqrt(hidden_size)`` rounded to the model dtype (as HF).
         final_logit_softcapping: the cap ``c`` of ``c * tanh(logits / c)``, or None.
     Raises:
         ValueError: ``attn_logit_softcapping`` or ``use_bidirectional_attention``
             set, a ``hidden_activation`` other than ``gelu_pytorch_tanh``, bad
-            ``layer_types`` (see :func:`layer_types`), or what
-            :class:`~paternoster.model.llama.LlamaForCausalLM` raises.
+            ``layer_types``, or what
+            :class:`~paternoster.model.layer_types.TypedLayersForCausalLM` raises.
     """
 
     norm_cls = GemmaRMSNorm
-    #: The core's decoder stack is Llama-shaped (two norms per layer, SwiGLU,
-    #: unscaled embeddings): Gemma 3 runs the Python layers.
-    fused_steps = False
+    #: Older configs: every sixth layer full.
+    default_pattern = 6
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
                  max_positions: int | None = None, batch_invariant: bool = False) -> None:
@@ -207,11 +179,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         act = getattr(config, "hidden_activation", None) or "gelu_pytorch_tanh"
         if act != "gelu_pytorch_tanh":
             raise ValueError(f"hidden_activation must be 'gelu_pytorch_tanh', got {act!r}")
-        types = layer_types(config)
         super().__init__(config, dtype, ops, max_positions, batch_invariant)
-        self.layer_types = types
-        self.local_rotary = RotaryEmbedding(self.rotary.head_dim, self.rotary.cos.shape[0],
-                                            local_rope_parameters(config), dtype)
         self.embed_scale = torch.tensor(config.hidden_size**0.5).to(dtype).item()
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
 
@@ -220,16 +188,9 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         """Gemma's four-norm block."""
         return Gemma3DecoderLayer(config, dtype, ops, qkv_bias, o_bias, invariant)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionMetadata, kv_caches: list[KVCache]) -> torch.Tensor:
-        """As the Llama model's forward: int64[T] ids and positions -> [T, H]
-        final hidden states (model dtype); each layer rotates with its type's
-        table."""
-        x = embed(input_ids, self.embed_tokens, self.dtype) * self.embed_scale
-        ropes = {SLIDING: Rope(self.local_rotary, positions), FULL: Rope(self.rotary, positions)}
-        for layer, kind, kv_cache in zip(self.layers, self.layer_types, kv_caches, strict=True):
-            x = layer(ropes[kind], x, kv_cache, attn)
-        return self.norm(x)
+    def local_rope_parameters(self, config) -> dict:
+        """The sliding layers' RoPE (:func:`local_rope_parameters`)."""
+        return local_rope_parameters(config)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> float32 logits [N, V] (as the Llama model's),

@@ -56,10 +56,11 @@ logger = logging.getLogger(__name__)
 #: Architectures whose tensor names come from gguf-py's own name table
 #: (TensorNameMap, which llama.cpp's converter writes with) read backwards over
 #: the HF model's parameter names; the others use :data:`_LAYER_NAMES`.
-_NAME_MAP_ARCHITECTURES = ("gemma3", "phi3", "smollm3", "gpt-oss")
+_NAME_MAP_ARCHITECTURES = ("gemma3", "phi3", "smollm3", "gpt-oss", "olmo2", "exaone4",
+                           "mistral3")
 #: Architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel
 #: and subclasses with ``undo_permute``).
-_PERMUTED_QK = ("llama", "smollm3")
+_PERMUTED_QK = ("llama", "smollm3", "mistral3")
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",

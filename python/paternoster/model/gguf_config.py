@@ -13,6 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from paternoster.model.gguf_config_keys import (
+    Keys,
+    exaone4_config,
+    mistral3_config,
+    olmo2_config,
+)
 from paternoster.model.gguf_file import (
     file_architecture,
     float_field,
@@ -27,13 +33,18 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                       "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
                       "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM",
                       "qwen3next": "Qwen3NextForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
-                      "qwen35moe": "Qwen3_5MoeForCausalLM"}
+                      "qwen35moe": "Qwen3_5MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                      "exaone4": "Exaone4ForCausalLM", "mistral3": "Ministral3ForCausalLM"}
 #: The Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5).
 HYBRID_ARCHITECTURES = ("qwen3next", "qwen35", "qwen35moe")
 #: Architectures whose config we build from the keys: transformers' GGUF
 #: support does not know smollm3, and fails on gpt-oss's rope scaling keys
 #: (transformers 5.24 reads a field's first part, its key's length, as the value).
-OWN_CONFIG_ARCHITECTURES = ("smollm3", "gpt-oss", *HYBRID_ARCHITECTURES)
+OWN_CONFIG_ARCHITECTURES = ("smollm3", "gpt-oss", *HYBRID_ARCHITECTURES, "olmo2", "exaone4",
+                            "mistral3")
+#: Configs built by :mod:`paternoster.model.gguf_config_keys`.
+_KEYED_CONFIGS = {"olmo2": olmo2_config, "exaone4": exaone4_config,
+                  "mistral3": mistral3_config}
 
 def load_gguf_config(path: str | Path):
     """The transformers config of a GGUF file (from its metadata).
@@ -57,6 +68,10 @@ def load_gguf_config(path: str | Path):
             config = _gpt_oss_config(reader, path)
         elif arch in HYBRID_ARCHITECTURES:
             config = _hybrid_config(reader, path, arch)
+        elif arch in _KEYED_CONFIGS:
+            keys = Keys(reader, path, arch)
+            config = _KEYED_CONFIGS[arch](keys, keys.common(
+                _vocab_size(reader, path, arch), _untied(reader), _special_tokens(reader)))
         else:
             with _transformers_reuses_our_parse():
                 config = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
@@ -66,6 +81,8 @@ def load_gguf_config(path: str | Path):
         raise ValueError(f"{path}: transformers cannot read its config from the GGUF "
                          f"metadata, corrupt? ({type(e).__name__}: {e})") from e
     config.architectures = [GGUF_ARCHITECTURES[arch]]
+    if arch == "olmo2" and getattr(config, "sliding_window", None):
+        config.architectures = ["Olmo3ForCausalLM"]
     if arch == "gemma3":
         # llama.cpp scales queries by 1 / sqrt(head size), except for the 27B
         # model (62 layers), whose query_pre_attn_scalar is hidden / heads; the

@@ -143,14 +143,8 @@ class GptOssForCausalLM(LlamaForCausalLM):
     attention_cls = GptOssAttention
     #: The core's decoder stack has no attention sinks.
     fused_steps = False
-
-    def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
-                 max_positions: int | None = None, batch_invariant: bool = False) -> None:
-        quant = quant_method(config)
-        if quant not in (None, "mxfp4"):
-            raise ValueError(f"quantization_config.quant_method {quant!r} is not supported for "
-                             f"gpt-oss (MXFP4 experts are dequantized at load)")
-        super().__init__(config, dtype, ops, max_positions, batch_invariant)
+    #: The released checkpoints' MXFP4 experts (dequantized at load).
+    quant_methods = ("mxfp4",)
 
     def make_mlp(self, config, dtype: torch.dtype, index: int, invariant: bool) -> nn.Module:
         """Every layer's feed-forward block is :class:`GptOssMoE`."""
@@ -164,17 +158,6 @@ class GptOssForCausalLM(LlamaForCausalLM):
             ValueError: what :func:`split_experts` and the Llama loader raise.
         """
         return super().load_weights(split_experts(weights, self.dtype))
-
-
-def quant_method(config) -> str | None:
-    """``config.quantization_config``'s ``quant_method`` (a dict or an object,
-    as transformers keeps it), or None without one."""
-    quant = getattr(config, "quantization_config", None)
-    if quant is None:
-        return None
-    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(
-        quant, "quant_method", None)
-    return str(getattr(method, "value", method)) if method is not None else None
 
 
 def split_experts(weights: Iterable[tuple[str, torch.Tensor]],

@@ -32,7 +32,7 @@ from paternoster import kernels
 from paternoster.kernels import QuantizedWeight, WeightParts
 from paternoster.model.attention import AttentionMetadata, AttentionOps, paged_attention_layer
 from paternoster.model.kv_layout import KVCacheLayout, layer_windows
-from paternoster.model.llama_weights import LlamaWeights, Weight
+from paternoster.model.llama_weights import LlamaWeights, Weight, quant_method
 from paternoster.model.moe import SparseMoeBlock
 from paternoster.model.rope import RotaryEmbedding, rope_parameters
 
@@ -134,10 +134,8 @@ class LlamaAttention(nn.Module):
         T = x.shape[0]
         qkv = kernels.linear(x, self.qkv_weight, self.qkv_bias, invariant=self.invariant)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.norm_qk(q.view(T, self.num_heads, self.head_dim),
-                            k.view(T, self.num_kv_heads, self.head_dim))
-        if self.use_rope:
-            q, k = rope(q, k)
+        q, k = self.rotate(rope, *self.norm_qk(q.view(T, self.num_heads, self.head_dim),
+                                               k.view(T, self.num_kv_heads, self.head_dim)))
         v = v.reshape(T, self.num_kv_heads, self.head_dim)
         out = self.attend(q, k, v, kv_cache, attn)
         return kernels.linear(out.view(T, self.q_size), self.o_weight, self.o_bias,
@@ -155,6 +153,13 @@ class LlamaAttention(nn.Module):
         """Per-head normalization of q ``[T, Hq, D]`` and k ``[T, Hkv, D]``
         before RoPE: none in Llama (Qwen3 overrides)."""
         return q, k
+
+    def rotate(self, rope: Rope, q: torch.Tensor,
+               k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE on q ``[T, Hq, D]`` and k ``[T, Hkv, D]`` (in place where
+        they are views), unless ``use_rope`` is off; returns them (Ministral 3
+        also scales q)."""
+        return rope(q, k) if self.use_rope else (q, k)
 
 
 class LlamaMLP(nn.Module):
@@ -235,7 +240,8 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
             kernels; the CPU attention and elementwise kernels are per row).
     Parameters are allocated uninitialised; call :meth:`load_weights`.
     Raises:
-        ValueError: unsupported activation or rope type.
+        ValueError: unsupported activation or rope type, or a
+            ``quantization_config`` whose method is not in :attr:`quant_methods`.
     """
 
     qkv_bias = False  # Qwen2 overrides
@@ -248,9 +254,16 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
     #: ``_decoder_stack``) as one call into the core's decoder stack: the
     #: same kernels in the same order, without the Python per-kernel cost.
     fused_steps = True
+    #: ``quantization_config.quant_method`` values whose weights the class reads.
+    quant_methods: tuple[str, ...] = ()
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
                  max_positions: int | None = None, batch_invariant: bool = False) -> None:
+        quant = quant_method(config)
+        if quant is not None and quant not in self.quant_methods:
+            raise ValueError(f"quantization_config.quant_method {quant!r} is not supported for "
+                             f"{type(self).__name__} (its scales are not read): serve the "
+                             f"bfloat16 checkpoint or a GGUF file")
         super().__init__()
         self.config = config
         self.dtype = dtype

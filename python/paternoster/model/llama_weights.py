@@ -21,9 +21,25 @@ Weight = torch.Tensor | QuantizedWeight | WeightParts
 
 logger = logging.getLogger(__name__)
 
-#: Norms around the feed-forward block that some layers have besides
-#: ``input_layernorm`` and ``post_attention_layernorm`` (Gemma 3).
-_FEEDFORWARD_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+#: A layer's RMSNorms by checkpoint name: the Llama block has the first two,
+#: Gemma 3 all four, OLMo 2 and EXAONE 4 the two after the sub-blocks.
+_LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                "post_feedforward_layernorm")
+
+#: Where a vision-language checkpoint keeps its text tower (transformers 5's
+#: names, then 4.x's), and what the causal LM calls it.
+_TEXT_TOWER_NAMES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                     ("language_model.lm_head.", "lm_head."))
+
+
+def text_tower_name(name: str) -> str:
+    """A vision-language checkpoint's text-tower tensor name as the causal
+    LM's (``model.language_model.layers.0...`` -> ``model.layers.0...``);
+    other names unchanged."""
+    for prefix, plain in _TEXT_TOWER_NAMES:
+        if name.startswith(prefix):
+            return plain + name[len(prefix):]
+    return name
 
 
 class LlamaWeights:
@@ -62,16 +78,16 @@ class LlamaWeights:
             "mlp.up_proj.bias": (mlp, "gate_up_bias", mlp.inter, mlp.inter),
             "mlp.down_proj.weight": (mlp, "down_weight", 0, h),
             "mlp.down_proj.bias": (mlp, "down_bias", 0, h),
-            "input_layernorm.weight": (layer.input_layernorm, "weight", 0, h),
-            "post_attention_layernorm.weight": (layer.post_attention_layernorm, "weight", 0, h),
         }
-        if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
-            table["self_attn.q_norm.weight"] = (attn.q_norm, "weight", 0, attn.head_dim)
-            table["self_attn.k_norm.weight"] = (attn.k_norm, "weight", 0, attn.head_dim)
+        if getattr(attn, "q_norm", None) is not None:  # per head (Qwen3) or whole (OLMo 2)
+            table["self_attn.q_norm.weight"] = (attn.q_norm, "weight", 0,
+                                                attn.q_norm.weight.shape[0])
+            table["self_attn.k_norm.weight"] = (attn.k_norm, "weight", 0,
+                                                attn.k_norm.weight.shape[0])
         if getattr(attn, "sinks", None) is not None:  # gpt-oss
             table["self_attn.sinks"] = (attn, "sinks", 0, attn.num_heads)
-        for norm in _FEEDFORWARD_NORMS:  # Gemma 3
-            if hasattr(layer, norm):
+        for norm in _LAYER_NORMS:
+            if getattr(layer, norm, None) is not None:
                 table[f"{norm}.weight"] = (getattr(layer, norm), "weight", 0, h)
         target = table.get(rest)
         if target is None or getattr(target[0], target[1]) is None:
@@ -88,7 +104,8 @@ class LlamaWeights:
 
         Args:
             weights: (name, tensor) pairs as in an HF ``LlamaForCausalLM``/
-                ``Qwen2ForCausalLM`` state dict.
+                ``Qwen2ForCausalLM`` state dict (a vision-language
+                checkpoint's text-tower names read as those: :func:`text_tower_name`).
         Returns:
             Names that were not used (e.g. ``rotary_emb.inv_freq``).
         Raises:
@@ -104,6 +121,7 @@ class LlamaWeights:
         parts: dict[tuple[int, str], dict[int, tuple[str, QuantizedWeight]]] = {}
         owners: dict[tuple[int, str], nn.Module] = {}
         for name, tensor in weights:
+            name = text_tower_name(name)
             if name == "lm_head.weight":
                 if not tied:
                     lm_head = self._lm_head_from(name, tensor)
@@ -173,8 +191,9 @@ class LlamaWeights:
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             at = f"model.layers.{i}."
-            rests = ["self_attn.o_proj.weight", "input_layernorm.weight",
-                     "post_attention_layernorm.weight"]
+            rests = ["self_attn.o_proj.weight"]
+            rests += [f"{norm}.weight" for norm in _LAYER_NORMS
+                      if getattr(layer, norm, None) is not None]
             if at + "self_attn.qkv_proj.weight" in loaded:  # Phi-3: fused in the checkpoint
                 rests.append("self_attn.qkv_proj.weight")
             else:
@@ -183,11 +202,10 @@ class LlamaWeights:
                 rests += [f"self_attn.{p}_proj.bias" for p in "qkv"]
             if attn.o_bias is not None:
                 rests.append("self_attn.o_proj.bias")
-            if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3
+            if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3, OLMo 2
                 rests += [f"self_attn.{p}_norm.weight" for p in "qk"]
             if getattr(attn, "sinks", None) is not None:  # gpt-oss
                 rests.append("self_attn.sinks")
-            rests += [f"{norm}.weight" for norm in _FEEDFORWARD_NORMS if hasattr(layer, norm)]
             if isinstance(mlp, SparseMoeBlock):
                 prefix, *projs = mlp.checkpoint_names
                 leaves = ("weight", "bias") if mlp.router_bias is not None else ("weight",)
@@ -273,3 +291,14 @@ def replace_weight(owner: nn.Module, attr: str, weight: Weight) -> None:
     if attr in owner._parameters and not isinstance(weight, nn.Parameter):
         delattr(owner, attr)
     setattr(owner, attr, weight)
+
+
+def quant_method(config) -> str | None:
+    """``config.quantization_config``'s ``quant_method`` (a dict or an object,
+    as transformers keeps it), or None without one."""
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return None
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(
+        quant, "quant_method", None)
+    return str(getattr(method, "value", method)) if method is not None else None

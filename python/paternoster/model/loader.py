@@ -16,13 +16,16 @@ import torch
 
 from paternoster.kernels import WeightParts
 from paternoster.model.attention import AttentionOps
+from paternoster.model.exaone4 import Exaone4ForCausalLM
 from paternoster.model.gemma3 import Gemma3ForCausalLM
 from paternoster.model.gguf import gguf_weights
 from paternoster.model.gguf_config import load_gguf_config
 from paternoster.model.gguf_file import gguf_architecture, gguf_reader, gguf_shards, is_gguf
 from paternoster.model.gpt_oss import GptOssForCausalLM
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from paternoster.model.ministral3 import Ministral3ForCausalLM
 from paternoster.model.mixtral import MixtralForCausalLM
+from paternoster.model.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from paternoster.model.phi3 import Phi3ForCausalLM
 from paternoster.model.qwen3 import Qwen3ForCausalLM
 from paternoster.model.qwen3_moe import Qwen3MoeForCausalLM
@@ -36,11 +39,15 @@ from paternoster.model.smollm3 import SmolLM3ForCausalLM
 logger = logging.getLogger(__name__)
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
+    "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
@@ -50,7 +57,9 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
-_MODEL_TYPES = {"gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
+_MODEL_TYPES = {"exaone4": "Exaone4ForCausalLM", "ministral3": "Ministral3ForCausalLM",
+                "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+                "gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
                 "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                 "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -94,23 +103,43 @@ def load_hf_config(model_dir: str | Path):
     return text_tower_config(AutoConfig.from_pretrained(str(p), trust_remote_code=False))
 
 
-#: Vision-language architectures whose text tower we serve, and its class.
-_TEXT_TOWERS = {"Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
-                "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM"}
+#: Vision-language architectures whose text tower we serve, and its class
+#: (one name, or one per ``text_config.model_type``).
+_TEXT_TOWERS: dict[str, str | dict[str, str]] = {
+    "Qwen3_5ForConditionalGeneration": "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForCausalLM",
+    # Ministral 3 (every release) and Mistral Small 3.1/3.2.
+    "Mistral3ForConditionalGeneration": {"ministral3": "Ministral3ForCausalLM",
+                                         "mistral": "MistralForCausalLM"},
+}
 
 
 def text_tower_config(config):
     """The config to build: a vision-language checkpoint's ``text_config``
     (architecture set to its causal LM, ``tie_word_embeddings`` from the
-    outer config) for the architectures in ``_TEXT_TOWERS`` (Qwen3.5: every
-    release is one), else ``config`` itself. Images are not supported."""
+    outer config) for the architectures in ``_TEXT_TOWERS`` (Qwen3.5 and
+    Ministral 3: every release is one), else ``config`` itself. Images are
+    not supported.
+
+    Raises:
+        ValueError: a text tower of a ``model_type`` we do not serve.
+    """
     archs = list(getattr(config, "architectures", None) or [])
     text = getattr(config, "text_config", None)
     if not archs or archs[0] not in _TEXT_TOWERS or text is None:
         return config
-    text.architectures = [_TEXT_TOWERS[archs[0]]]
+    tower = _TEXT_TOWERS[archs[0]]
+    if isinstance(tower, dict):
+        kind = getattr(text, "model_type", None)
+        if kind not in tower:
+            raise ValueError(f"{archs[0]}: text_config.model_type {kind!r} is not supported; "
+                             f"supported: {', '.join(tower)}")
+        tower = tower[kind]
+    text.architectures = [tower]
     if "tie_word_embeddings" in config.to_diff_dict():
         text.tie_word_embeddings = config.tie_word_embeddings
+    if getattr(config, "quantization_config", None) is not None:  # refused by the model
+        text.quantization_config = config.quantization_config
     logger.info("%s: serving the text tower (%s); image inputs are not supported",
                 archs[0], text.architectures[0])
     return text

@@ -35,13 +35,12 @@ from paternoster.model.llama_weights import (
     layer_name,
     replace_weight,
     stack_quantized,
+    text_tower_name,
 )
 
 #: (module, attribute, first row, rows, transform of the checkpoint tensor:
 #: dense, or quantized rows for the row reorderings).
 Target = tuple[nn.Module, str, int, int, Callable[[Weight], Weight] | None]
-
-_TEXT_PREFIXES = ("model.language_model.", "language_model.model.")
 
 
 class HybridWeights:
@@ -77,7 +76,7 @@ class HybridWeights:
         parts: dict[tuple[int, str], dict[int, tuple[str, QuantizedWeight]]] = {}
         owners: dict[tuple[int, str], nn.Module] = {}
         for name, tensor in weights:
-            name = _text_name(name)
+            name = text_tower_name(name)
             if name == "lm_head.weight":
                 if tied:
                     continue
@@ -156,14 +155,6 @@ class HybridWeights:
         if rest.startswith("mlp."):
             return _mlp_target(layer.mlp, rest)
         return None
-
-
-def _text_name(name: str) -> str:
-    """A vision-language checkpoint's text-tower name as the causal LM's."""
-    for prefix in _TEXT_PREFIXES:
-        if name.startswith(prefix):
-            return "model." + name[len(prefix):]
-    return name
 
 
 def _attention_target(attn, rest: str) -> Target | None:

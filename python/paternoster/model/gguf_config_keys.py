@@ -1,0 +1,145 @@
+"""Transformers configs built from the metadata keys llama.cpp's converter
+writes, for the architectures transformers' GGUF support does not map:
+``olmo2`` (OLMo 2 and OLMo 3), ``exaone4`` and ``mistral3`` (Ministral 3).
+The keys are those of llama.cpp's ``TextModel.set_gguf_parameters`` and each
+converter's additions (conversion/olmo.py, exaone.py, mistral3.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paternoster.model.gguf_file import float_field, int_field
+
+
+class Keys:
+    """Typed reads of one architecture's ``{arch}.*`` keys.
+
+    Args:
+        reader: the parsed file. path: its path (for errors). arch: the
+            ``general.architecture`` value.
+    """
+
+    def __init__(self, reader, path: str | Path, arch: str) -> None:
+        self.reader, self.path, self.arch = reader, path, arch
+
+    def need(self, key: str) -> int:
+        """``{arch}.{key}`` as an int.
+
+        Raises:
+            ValueError: the key is missing (naming the file and key).
+        """
+        value = int_field(self.reader, f"{self.arch}.{key}")
+        if value is None:
+            raise ValueError(f"{self.path}: no {self.arch}.{key} in the GGUF metadata")
+        return value
+
+    def get_int(self, key: str) -> int | None:
+        """``{arch}.{key}`` as an int, None when absent."""
+        return int_field(self.reader, f"{self.arch}.{key}")
+
+    def get_float(self, key: str) -> float | None:
+        """``{arch}.{key}`` as a float, None when absent."""
+        return float_field(self.reader, f"{self.arch}.{key}")
+
+    def get_str(self, key: str) -> str | None:
+        """``{arch}.{key}`` as a string, None when absent."""
+        field = self.reader.fields.get(f"{self.arch}.{key}")
+        return None if field is None else bytes(field.parts[field.data[0]]).decode()
+
+    def get_bools(self, key: str) -> list[bool] | None:
+        """``{arch}.{key}``, an array, as bools; None when absent."""
+        field = self.reader.fields.get(f"{self.arch}.{key}")
+        return None if field is None else [bool(field.parts[i][0]) for i in field.data]
+
+    def common(self, vocab_size: int, untied: bool, special: dict) -> dict:
+        """The sizes every decoder has, as transformers config arguments
+        (``head_dim`` from ``attention.key_length`` when written)."""
+        args = dict(
+            hidden_size=self.need("embedding_length"),
+            intermediate_size=self.need("feed_forward_length"),
+            num_hidden_layers=self.need("block_count"),
+            num_attention_heads=self.need("attention.head_count"),
+            num_key_value_heads=self.need("attention.head_count_kv"),
+            max_position_embeddings=self.need("context_length"),
+            rms_norm_eps=self.get_float("attention.layer_norm_rms_epsilon") or 1e-6,
+            vocab_size=vocab_size, tie_word_embeddings=not untied, **special)
+        head_dim = self.get_int("attention.key_length")
+        if head_dim is not None:
+            args["head_dim"] = head_dim
+        return args
+
+    def rope(self) -> dict:
+        """The full-attention layers' RoPE: ``rope.freq_base`` and, where
+        written, linear or YaRN scaling (``rope.scaling.*``)."""
+        rope: dict = {"rope_type": "default",
+                      "rope_theta": self.get_float("rope.freq_base") or 10000.0}
+        kind = self.get_str("rope.scaling.type")
+        if kind == "linear":
+            rope.update(rope_type="linear", factor=self.get_float("rope.scaling.factor") or 1.0)
+        elif kind == "yarn":
+            rope.update(rope_type="yarn", factor=self.get_float("rope.scaling.factor") or 1.0,
+                        original_max_position_embeddings=self.need(
+                            "rope.scaling.original_context_length"),
+                        beta_fast=self.get_float("rope.scaling.yarn_beta_fast") or 32.0,
+                        beta_slow=self.get_float("rope.scaling.yarn_beta_slow") or 1.0)
+            attn_factor = self.get_float("rope.scaling.yarn_attn_factor")
+            if attn_factor is not None:
+                rope["attention_factor"] = attn_factor
+        return rope
+
+    def layer_types(self, layers: int) -> tuple[int | None, list[str]]:
+        """``(sliding_window, layer_types)``: the window and, from
+        ``attention.sliding_window_pattern`` (True: sliding), each layer's
+        kind; without a window every layer is full."""
+        window = self.get_int("attention.sliding_window")
+        flags = self.get_bools("attention.sliding_window_pattern")
+        if not window:
+            return None, ["full_attention"] * layers
+        if flags is None or len(flags) != layers:
+            flags = [True] * layers
+        return window, ["sliding_attention" if f else "full_attention" for f in flags]
+
+
+def olmo2_config(keys: Keys, args: dict):
+    """OLMo 2, or OLMo 3 where the file has sliding-window layers (the
+    sliding layers' RoPE base from ``rope.freq_base_swa``, unscaled)."""
+    from transformers import Olmo2Config, Olmo3Config
+
+    window, types = keys.layer_types(args["num_hidden_layers"])
+    rope = keys.rope()
+    if window is None:
+        return Olmo2Config(**args, rope_parameters=rope)
+    local = {"rope_type": "default",
+             "rope_theta": keys.get_float("rope.freq_base_swa") or rope["rope_theta"]}
+    return Olmo3Config(**args, sliding_window=window, layer_types=types,
+                       rope_parameters={"full_attention": rope, "sliding_attention": local})
+
+
+def exaone4_config(keys: Keys, args: dict):
+    """EXAONE 4.0 (Llama 3's rope scaling arrives as the ``rope_freqs``
+    tensor, read for every architecture)."""
+    from transformers import Exaone4Config
+
+    window, types = keys.layer_types(args["num_hidden_layers"])
+    return Exaone4Config(**args, sliding_window=window, layer_types=types,
+                         rope_parameters=keys.rope())
+
+
+def mistral3_config(keys: Keys, args: dict):
+    """Ministral 3: YaRN with ``rope.scaling.yarn_log_multiplier`` as
+    ``mscale_all_dim`` (and ``mscale`` 1, as the released configs) and the
+    query temperature ``attention.temperature_scale`` (llama.cpp's floor
+    length is the original context, as HF's)."""
+    from transformers import Ministral3Config
+
+    rope = keys.rope()
+    if rope["rope_type"] == "yarn":
+        log_mul = keys.get_float("rope.scaling.yarn_log_multiplier")
+        if log_mul:
+            rope.update(mscale=1.0, mscale_all_dim=log_mul)
+        beta = keys.get_float("attention.temperature_scale")
+        if beta:
+            rope["llama_4_scaling_beta"] = beta
+    window = keys.get_int("attention.sliding_window")
+    return Ministral3Config(**args, rope_parameters=rope, sliding_window=window or None)
