@@ -30,8 +30,11 @@ def shapes() -> dict[str, object]:
     """transformers configs shaped as released checkpoints (layers, KV heads,
     head size, windows; the other fields do not touch the KV cache)."""
     from transformers import (
+        Exaone4Config,
         Gemma3TextConfig,
+        Ministral3Config,
         MistralConfig,
+        Olmo3Config,
         Qwen2Config,
         Qwen3_5MoeTextConfig,
         Qwen3_5TextConfig,
@@ -59,6 +62,17 @@ def shapes() -> dict[str, object]:
         # Qwen3_5TextConfig / Qwen3_5MoeTextConfig defaults: 32 and 40 layers.
         "Qwen3.5 (32 layers, 4 KV heads)": Qwen3_5TextConfig(),
         "Qwen3.5-MoE (40 layers, 2 KV heads)": Qwen3_5MoeTextConfig(),
+        # allenai/Olmo-3-7B: 32 layers of 32 KV heads of 128, three in four a 4096 window.
+        "OLMo 3 7B": Olmo3Config(num_hidden_layers=32, num_key_value_heads=32,
+                                 num_attention_heads=32, hidden_size=4096,
+                                 sliding_window=4096),
+        # LGAI-EXAONE/EXAONE-4.0-32B: 64 layers, 8 KV heads of 128, "LLLG" with 4096.
+        "EXAONE 4.0 32B": Exaone4Config(num_hidden_layers=64, num_key_value_heads=8,
+                                        num_attention_heads=40, hidden_size=5120, head_dim=128,
+                                        sliding_window=4096, sliding_window_pattern=4),
+        # mistralai/Ministral-3-8B: 34 layers, 8 KV heads of 128, no window.
+        "Ministral 3 8B": Ministral3Config(num_hidden_layers=34, num_key_value_heads=8,
+                                           head_dim=128),
     }
 
 
