@@ -115,6 +115,17 @@ def test_chat_continues_the_final_message(llm):
     assert out.prompt.endswith("1, 2, 3,")
 
 
+def test_chat_without_a_template_names_the_offline_remedy(llm, monkeypatch):
+    from paternoster.frontend.chat import ChatTemplateError
+
+    monkeypatch.setattr(llm.tokenizer, "chat_template", None)
+    with pytest.raises(ChatTemplateError, match="pass chat_template= .* to LLM.chat"):
+        llm.chat([{"role": "user", "content": "Hi"}], GREEDY)
+    [out] = llm.chat([{"role": "user", "content": "Hi"}], GREEDY,
+                     chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert out.prompt == "Hi"
+
+
 def test_reports_the_thread_count_it_used(llm):
     # The suite's conftest sets PATERNOSTER_NUM_THREADS=1 (auto otherwise).
     assert llm.engine.info["num_threads"] == llm.engine.threads.num_threads == 1

@@ -113,3 +113,20 @@ def test_quantized_checkpoints_are_refused_naming_the_method(ministral3, tmp_pat
     with pytest.raises(ValueError, match="quant_method 'fp8' is not supported for "
                                          "Ministral3ForCausalLM"):
         ModelRunner(ModelConfig(model=str(tmp_path)), CacheConfig(num_kv_blocks=4))
+
+
+@pytest.mark.parametrize(("text_config", "match"), [
+    (None, "needs a text_config"),
+    ({"model_type": "nonsense"}, "text_config.model_type 'nonsense' is not supported; "
+                                 "supported: ministral3, mistral$"),
+])
+def test_mistral3_text_tower_problems_are_one_line_errors(tmp_path, text_config, match):
+    import json
+
+    cfg = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3"}
+    if text_config is not None:
+        cfg["text_config"] = text_config
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match) as e:
+        ModelRunner(ModelConfig(model=str(tmp_path)), CacheConfig(num_kv_blocks=4))
+    assert "\n" not in str(e.value)

@@ -100,7 +100,35 @@ def load_hf_config(model_dir: str | Path):
                          f"*.safetensors weights and tokenizer files)")
     from transformers import AutoConfig
 
+    _check_text_tower(p / "config.json")
     return text_tower_config(AutoConfig.from_pretrained(str(p), trust_remote_code=False))
+
+
+def _check_text_tower(config_json: Path) -> None:
+    """Refuse, before transformers parses it, a vision-language config whose
+    text tower we cannot serve: no ``text_config`` (transformers would fill
+    in a default one of another size), or one of a ``model_type`` not in
+    :data:`_TEXT_TOWERS` (transformers lists every model type it knows).
+
+    Raises:
+        ValueError: one line naming the file and field.
+    """
+    try:
+        raw = json.loads(config_json.read_text())
+    except (OSError, ValueError):
+        return  # transformers reports an unreadable config.json itself
+    archs = raw.get("architectures") or []
+    tower = _TEXT_TOWERS.get(archs[0]) if archs else None
+    if tower is None:
+        return
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise ValueError(f"{config_json}: {archs[0]} needs a text_config (its text tower's "
+                         f"config); the file has none")
+    if isinstance(tower, dict) and text.get("model_type") not in tower:
+        raise ValueError(f"{config_json}: {archs[0]}: text_config.model_type "
+                         f"{text.get('model_type')!r} is not supported; supported: "
+                         f"{', '.join(tower)}")
 
 
 #: Vision-language architectures whose text tower we serve, and its class
