@@ -29,6 +29,7 @@ from paternoster.model.parallel.group import TPGroup
 from paternoster.model.parallel.shard import check_heads
 from paternoster.model.parallel.tp_model import load_tp_model
 from paternoster.model.sampler import Sampler
+from paternoster.model.torch_threads import torch_threads_off
 
 logger = logging.getLogger(__name__)
 
@@ -303,8 +304,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             return self._execute_cuda(batch)
         t = {name: _tensor(batch[name], dt) for name, dt in _BATCH_DTYPES.items()}
+        core_only = False
         if self.device.type == "cpu":
-            self._set_spin(len(t["input_ids"]))
+            core_only = self.model.core_only_step(len(t["input_ids"]))
+            self._set_spin(core_only)
         if self.device.type != "cpu":
             t = {name: x.to(self.device, non_blocking=True) for name, x in t.items()}
         attn = AttentionMetadata(
@@ -315,12 +318,14 @@ class ModelRunner:
             batch_invariant=self.model.batch_invariant,
             **_group_arrays(batch, self.device),
         )
-        hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
-        return self.model.compute_logits(hidden[t["logits_indices"]])
+        with torch_threads_off(core_only):
+            hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
+            return self.model.compute_logits(hidden[t["logits_indices"]])
 
-    def _set_spin(self, num_tokens: int) -> None:
-        """Pick the kernel threads' polling time for a step of ``num_tokens``."""
-        spin = CORE_STEP_SPIN_US if self.model.core_only_step(num_tokens) else TORCH_STEP_SPIN_US
+    def _set_spin(self, core_only: bool) -> None:
+        """Pick the kernel threads' polling time for a step whose matrix
+        multiplies all run in the core (``core_only``) or not."""
+        spin = CORE_STEP_SPIN_US if core_only else TORCH_STEP_SPIN_US
         if spin != self._spin:
             kernels.set_spin_micros(spin)
             self._spin = spin
