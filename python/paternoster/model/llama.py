@@ -254,6 +254,10 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
     #: ``_decoder_stack``) as one call into the core's decoder stack: the
     #: same kernels in the same order, without the Python per-kernel cost.
     fused_steps = True
+    #: The torch ops between the core's kernels in a core-only CPU step are
+    #: elementwise (norms, adds, activations), cheap on one thread: the runner
+    #: turns torch's own threads off for such steps (model/torch_threads.py).
+    torch_ops_elementwise = True
     #: ``quantization_config.quant_method`` values whose weights the class reads.
     quant_methods: tuple[str, ...] = ()
 

@@ -318,7 +318,10 @@ class ModelRunner:
             batch_invariant=self.model.batch_invariant,
             **_group_arrays(batch, self.device),
         )
-        with torch_threads_off(core_only):
+        # The hybrids' delta rule is torch matmuls between the core's kernels:
+        # they keep torch's threads (not measured with them off).
+        with torch_threads_off(core_only and getattr(self.model, "torch_ops_elementwise",
+                                                     False)):
             hidden = self.model(t["input_ids"], t["positions"], attn, self.kv_caches)
             return self.model.compute_logits(hidden[t["logits_indices"]])
 
