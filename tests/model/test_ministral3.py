@@ -15,8 +15,11 @@ import torch
 from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.runner import ModelRunner
 
-from .conftest import engine_greedy, hf_generate, stack_and_python_logits
-from .test_post_norm_models import _engine, _prompts
+from .conftest import stack_and_python_logits
+from .test_post_norm_models import (
+    preemption_gives_hf_generate_ids,
+    prefix_hit_gives_hf_generate_ids,
+)
 from .test_tiny_models import SMALL, _compare
 
 
@@ -57,19 +60,8 @@ def test_ministral3_matches_hf_forward_past_the_original_context(ministral3, att
 
 def test_ministral3_engine_gives_hf_generate_ids(ministral3):
     path, hf = ministral3
-    engine = _engine(path, blocks=64, budget=5, caching=True)
-    shared = _prompts(1, (19,))[0]
-    prompts = [shared + [40, 41], shared + [50]]
-    first = engine_greedy(engine, prompts[:1], 8)
-    hits = engine.stats()["prefix_cache_hits"]
-    second = engine_greedy(engine, prompts[1:], 8)
-    assert engine.stats()["prefix_cache_hits"] > hits
-    assert first + second == [hf_generate(hf, p, 8) for p in prompts]
-    engine = _engine(path, blocks=12, budget=64)
-    prompts = _prompts(2, (16, 17, 18, 19))
-    got = engine_greedy(engine, prompts, 10)
-    assert engine.stats()["num_preemptions_total"] > 0
-    assert got == [hf_generate(hf, p, 10) for p in prompts]
+    prefix_hit_gives_hf_generate_ids(path, hf)
+    preemption_gives_hf_generate_ids(path, hf, blocks=12)
 
 
 def test_ministral3_decoder_stack_is_bit_identical_below_the_original_context(tmp_path):

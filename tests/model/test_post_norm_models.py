@@ -11,10 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from paternoster.engine.core import EngineCore
-
 from .conftest import engine_greedy, hf_generate
+from .test_engine_greedy import _engine, _prompts
 from .test_tiny_models import SMALL, _compare
 
 WINDOW = 12
@@ -69,21 +67,9 @@ def test_logits_match_hf_forward_past_the_window(model, attn_ops):
     assert runner.model._decoder_stack(1, runner.kv_caches) is None  # post-norm: Python layers
 
 
-def _engine(path, *, blocks: int, budget: int, caching: bool = False) -> EngineCore:
-    return EngineCore(EngineConfig(
-        model=ModelConfig(model=str(path), dtype="float32"),
-        cache=CacheConfig(block_size=8, num_kv_blocks=blocks, enable_prefix_caching=caching),
-        scheduler=SchedulerConfig(scheduler="chunked_prefill", max_num_seqs=4,
-                                  max_num_batched_tokens=budget)))
-
-
-def _prompts(seed: int, lengths) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, SMALL["vocab_size"], (n,), generator=gen).tolist() for n in lengths]
-
-
-def test_chunked_prefill_and_prefix_cache_hit_give_hf_generate_ids(model):
-    _, path, hf = model
+def prefix_hit_gives_hf_generate_ids(path, hf) -> None:
+    """5-token prefill chunks and a prefix-cache hit (asserted) through the
+    engine give HF ``generate``'s greedy ids."""
     engine = _engine(path, blocks=64, budget=5, caching=True)
     shared = _prompts(1, (19,))[0]  # two full blocks of 8 shared
     prompts = [shared + [40, 41], shared + [50]]
@@ -94,14 +80,25 @@ def test_chunked_prefill_and_prefix_cache_hit_give_hf_generate_ids(model):
     assert first + second == [hf_generate(hf, p, 8) for p in prompts]
 
 
-def test_preemption_recomputes_hf_generate_ids(model):
-    arch, path, hf = model
-    # Windowed models hold blocks in two groups (full and sliding) per token.
-    engine = _engine(path, blocks=20 if arch in ("olmo3", "exaone4") else 12, budget=64)
+def preemption_gives_hf_generate_ids(path, hf, blocks: int) -> None:
+    """Four requests in ``blocks`` KV blocks: a preemption (asserted) and
+    recomputation, HF ``generate``'s greedy ids."""
+    engine = _engine(path, blocks=blocks, budget=64)
     prompts = _prompts(2, (16, 17, 18, 19))
     got = engine_greedy(engine, prompts, 10)
     assert engine.stats()["num_preemptions_total"] > 0
     assert got == [hf_generate(hf, p, 10) for p in prompts]
+
+
+def test_chunked_prefill_and_prefix_cache_hit_give_hf_generate_ids(model):
+    _, path, hf = model
+    prefix_hit_gives_hf_generate_ids(path, hf)
+
+
+def test_preemption_recomputes_hf_generate_ids(model):
+    arch, path, hf = model
+    # Windowed models hold blocks in two groups (full and sliding) per token.
+    preemption_gives_hf_generate_ids(path, hf, 20 if arch in ("olmo3", "exaone4") else 12)
 
 
 def test_olmo_norm_gives_hfs_bits_in_bfloat16():

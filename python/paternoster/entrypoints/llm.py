@@ -198,15 +198,13 @@ class LLM:
             One :class:`RequestOutput` per conversation (``prompt`` is the
             templated text).
         Raises:
-            ValueError: as in :meth:`generate`; ``ChatTemplateError`` (a
-                ``ValueError``) when there is no template or it fails.
+            ValueError: as in :meth:`generate`; ChatTemplateError: no template, or it failed.
         """
         from paternoster.frontend.chat import ChatTemplateError, has_chat_template, render_chat
 
         if not has_chat_template(self.tokenizer, chat_template):
-            raise ChatTemplateError("this model has no chat template: pass chat_template= (a "
-                                    "Jinja template) to LLM.chat, or use LLM.generate",
-                                    "chat_template")
+            raise ChatTemplateError("this model has no chat template: pass chat_template= (a Jinja"
+                                    " template) to LLM.chat, or use LLM.generate", "chat_template")
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts, token_prompts = [], []
         for conv in convs:

@@ -77,7 +77,7 @@ class Ministral3ForCausalLM(LlamaForCausalLM):
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
                  max_positions: int | None = None, batch_invariant: bool = False) -> None:
         super().__init__(config, dtype, ops, max_positions, batch_invariant)
-        self.temperature = llama4_scaling(config)
+        self.temperature = self.layers[0].self_attn.temperature if self.layers else None
         self._scaled_step = False
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
