@@ -19,10 +19,11 @@ layer). Usage::
 from __future__ import annotations
 
 import argparse
-import math
+
+import torch
 
 from paternoster import _core
-from paternoster.model.gated_deltanet import state_shapes
+from paternoster.model import recurrent_state
 from paternoster.model.kv_layout import KVCacheLayout, kv_cache_layout, layer_windows
 
 
@@ -96,8 +97,8 @@ def request_bytes(cfg, context: int, chunk: int, decode: int, block_size: int,
         peak = max(peak, kv.num_request_blocks(0))
     grouped = peak * layout.num_slots * per_layer_block
     if layout.num_recurrent_layers:
-        conv, ssm = state_shapes(cfg)
-        grouped += layout.num_recurrent_layers * (math.prod(conv) * elem + math.prod(ssm) * 4)
+        grouped += layout.num_recurrent_layers * recurrent_state.slot_bytes(
+            cfg, torch.bfloat16 if elem == 2 else torch.float32)
     full = len(windows) * -(-(context + decode) // block_size) * per_layer_block
     return grouped, full, layout
 

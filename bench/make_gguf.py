@@ -90,6 +90,15 @@ SHAPES: dict[str, tuple[str, dict]] = {
         hidden_size=3072, intermediate_size=9216, num_hidden_layers=26,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=131072,
         tie_word_embeddings=True, max_position_embeddings=262144)),
+    # LiquidAI/LFM2-1.2B: 10 short-conv layers and 6 attention layers; the
+    # MLP's 12288 adjusted to 8192.
+    "lfm2-1.2b": ("Lfm2Config", dict(
+        hidden_size=2048, intermediate_size=12288, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=65536,
+        full_attn_idxs=[2, 5, 8, 10, 12, 14], conv_L_cache=3, norm_eps=1e-5,
+        block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True,
+        tie_word_embeddings=True, max_position_embeddings=128000,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})),
 }
 
 #: Shapes whose BF16 intermediate does not fit this disk: built with this many

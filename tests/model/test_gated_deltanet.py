@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from paternoster.model import gated_deltanet as gdn
 
@@ -96,19 +95,3 @@ def test_chunked_form_matches_hf_torch_implementation():
         output_final_state=True, use_qk_l2norm_in_kernel=True)
     torch.testing.assert_close(ours, ref[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(s, ref_state[0], rtol=0, atol=1e-5)
-
-
-def test_causal_conv_in_pieces_matches_conv1d_of_the_whole_sequence():
-    gen = torch.Generator().manual_seed(5)
-    channels, width, length = 12, 4, 23
-    x = torch.randn(length, channels, generator=gen)
-    w = torch.randn(channels, width, generator=gen)
-    ref = F.silu(F.conv1d(x.t()[None], w[:, None, :], padding=width - 1,
-                          groups=channels)[0, :, :length]).t()
-    state = torch.zeros(channels, width - 1)
-    pieces = [gdn.causal_conv1d(x[:2], state, w), gdn.causal_conv1d(x[2:17], state, w)]
-    batched = state[None].clone()
-    for t in range(17, length):
-        pieces.append(gdn.causal_conv1d_step(x[t:t + 1], batched, w))
-    torch.testing.assert_close(torch.cat(pieces), ref, rtol=0, atol=1e-5)
-    torch.testing.assert_close(batched[0], x[-(width - 1):].t(), rtol=0, atol=0)

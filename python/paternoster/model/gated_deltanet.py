@@ -35,6 +35,8 @@ from torch import nn
 
 from paternoster import kernels
 from paternoster.model.attention import AttentionMetadata
+from paternoster.model.causal_conv import causal_conv1d, causal_conv1d_step
+from paternoster.model.state_slots import SlotSpan, decode_index, slot_spans
 
 #: Tokens per chunk of :func:`chunked_delta_rule` (FLA's and HF's choice).
 CHUNK_SIZE = 64
@@ -44,42 +46,6 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(sum(x^2) + eps)`` over the last dimension (FLA's form, as
     HF's Qwen3-Next), same shape and dtype."""
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
-def causal_conv1d(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Causal depthwise convolution of one sequence's chunk, then SiLU.
-
-    Args:
-        x: ``[L, C]``, the chunk's inputs (model dtype).
-        state: ``[C, K - 1]``, the ``K - 1`` inputs before the chunk, oldest
-            first (zeros at a sequence's start); overwritten with the last
-            ``K - 1`` inputs including this chunk's.
-        weight: ``[C, K]``; output channel ``c`` at token ``t`` is
-            ``sum_i weight[c, i] * in[t - K + 1 + i, c]``.
-    Returns:
-        ``[L, C]`` in ``x``'s dtype.
-    """
-    k = weight.shape[1]
-    full = torch.cat([state.to(x.dtype), x.t()], dim=1)  # [C, K - 1 + L]
-    state.copy_(full[:, full.shape[1] - (k - 1):])
-    out = F.conv1d(full[None].to(weight.dtype), weight[:, None, :], groups=weight.shape[0])
-    return F.silu(out[0]).t().to(x.dtype)
-
-
-def causal_conv1d_step(x: torch.Tensor, states: torch.Tensor,
-                       weight: torch.Tensor) -> torch.Tensor:
-    """:func:`causal_conv1d` for one token of each of ``B`` sequences.
-
-    Args:
-        x: ``[B, C]``. states: ``[B, C, K - 1]`` (gathered; updated in place).
-        weight: ``[C, K]``.
-    Returns:
-        ``[B, C]`` in ``x``'s dtype.
-    """
-    full = torch.cat([states.to(x.dtype), x[:, :, None]], dim=2)  # [B, C, K]
-    states.copy_(full[:, :, 1:])
-    out = (full.to(weight.dtype) * weight).sum(dim=-1)
-    return F.silu(out).to(x.dtype)
 
 
 def _prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -244,30 +210,26 @@ class GatedDeltaNet(nn.Module):
         T = x.shape[0]
         proj = kernels.linear(x, self.in_proj_weight, invariant=self.invariant)
         mixed, z, b, a = proj.split([self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
-        slots = attn.for_group(self.kv_group)[1][:, 0].tolist()
-        starts = attn.query_start_loc.tolist()
-        seq_lens = attn.seq_lens.tolist()
+        spans = slot_spans(attn, self.kv_group)
         if self.invariant:
-            normed = self._stepwise(mixed, z, b, a, slots, starts, seq_lens, state)
+            normed = self._stepwise(mixed, z, b, a, spans, state)
             return kernels.linear(normed.reshape(T, self.value_dim), self.out_weight,
                                   invariant=True)
         beta, g = self._gates(b, a)
         core = torch.empty(T, self.hv, self.dv, dtype=x.dtype, device=x.device)
-        decodes = []
-        for i, slot in enumerate(slots):
-            lo, hi = starts[i], starts[i + 1]
-            if hi - lo == 1 and seq_lens[i] > 1:
-                decodes.append(i)
+        for s in spans:
+            if s.decode:
                 continue
-            if seq_lens[i] == hi - lo:  # a request's first tokens: fresh state
-                conv_state[slot].zero_()
-                ssm_state[slot].zero_()
-            qkv = causal_conv1d(mixed[lo:hi], conv_state[slot], self.conv_weight)
+            if s.fresh:
+                conv_state[s.slot].zero_()
+                ssm_state[s.slot].zero_()
+            qkv = causal_conv1d(mixed[s.lo:s.hi], conv_state[s.slot], self.conv_weight)
             q, k, v = self._split_heads(qkv)
-            core[lo:hi] = chunked_delta_rule(q, k, v, g[lo:hi], beta[lo:hi], ssm_state[slot])
-        if decodes:
-            rows = torch.tensor([starts[i] for i in decodes], device=x.device)
-            idx = torch.tensor([slots[i] for i in decodes], device=x.device)
+            core[s.lo:s.hi] = chunked_delta_rule(q, k, v, g[s.lo:s.hi], beta[s.lo:s.hi],
+                                                 ssm_state[s.slot])
+        index = decode_index(spans, x.device)
+        if index is not None:
+            rows, idx = index
             conv = conv_state.index_select(0, idx)
             qkv = causal_conv1d_step(mixed.index_select(0, rows), conv, self.conv_weight)
             conv_state.index_copy_(0, idx, conv)
@@ -286,8 +248,7 @@ class GatedDeltaNet(nn.Module):
         return torch.sigmoid(b), -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
 
     def _stepwise(self, mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-                  slots: list[int], starts: list[int], seq_lens: list[int],
-                  state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                  spans: list[SlotSpan], state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Batch-invariant mode: each token of each sequence on its own, from
         the gates to the gated norm, through the one-token forms
         (:func:`causal_conv1d_step`, :func:`recurrent_step`). Its bits then do
@@ -299,13 +260,12 @@ class GatedDeltaNet(nn.Module):
         conv_state, ssm_state = state
         out = torch.empty(mixed.shape[0], self.hv, self.dv, dtype=mixed.dtype,
                           device=mixed.device)
-        for i, slot in enumerate(slots):
-            lo, hi = starts[i], starts[i + 1]
-            if seq_lens[i] == hi - lo:
-                conv_state[slot].zero_()
-                ssm_state[slot].zero_()
-            conv, ssm = conv_state[slot : slot + 1], ssm_state[slot : slot + 1]
-            for t in range(lo, hi):
+        for s in spans:
+            if s.fresh:
+                conv_state[s.slot].zero_()
+                ssm_state[s.slot].zero_()
+            conv, ssm = conv_state[s.slot : s.slot + 1], ssm_state[s.slot : s.slot + 1]
+            for t in range(s.lo, s.hi):
                 row = slice(t, t + 1)
                 beta, g = self._gates(b[row], a[row])
                 q, k, v = self._split_heads(causal_conv1d_step(mixed[row], conv,

@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 #: (TensorNameMap, which llama.cpp's converter writes with) read backwards over
 #: the HF model's parameter names; the others use :data:`_LAYER_NAMES`.
 _NAME_MAP_ARCHITECTURES = ("gemma3", "phi3", "smollm3", "gpt-oss", "olmo2", "exaone4",
-                           "mistral3")
+                           "mistral3", "lfm2", "lfm2moe")
 #: Architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel
 #: and subclasses with ``undo_permute``).
 _PERMUTED_QK = ("llama", "smollm3", "mistral3")
@@ -226,11 +226,13 @@ def _names_from_table(hf_config, arch: str) -> dict[str, str]:
     for key in model.state_dict():
         name = table.get_name(key, try_suffixes=(".weight", ".bias"))
         if name is not None:
-            # A parameter without a .weight/.bias suffix (gpt-oss's
-            # self_attn.sinks) is written as name + ".weight" (the converter's
-            # filter_tensors).
-            suffixed = key.endswith((".weight", ".bias"))
-            out[name if suffixed else f"{name}.weight"] = key
+            # A parameter without a .weight/.bias suffix is written with one
+            # (the converters' filter_tensors): gpt-oss's self_attn.sinks as
+            # .weight, LFM2-MoE's feed_forward.expert_bias as .bias.
+            if key.endswith((".weight", ".bias")):
+                out[name] = key
+            else:
+                out[f"{name}.weight"] = out[f"{name}.bias"] = key
     return out
 
 

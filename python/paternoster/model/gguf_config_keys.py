@@ -1,8 +1,9 @@
 """Transformers configs built from the metadata keys llama.cpp's converter
 writes, for the architectures transformers' GGUF support does not map:
-``olmo2`` (OLMo 2 and OLMo 3), ``exaone4`` and ``mistral3`` (Ministral 3).
+``olmo2`` (OLMo 2 and OLMo 3), ``exaone4``, ``mistral3`` (Ministral 3),
+``lfm2`` and ``lfm2moe``.
 The keys are those of llama.cpp's ``TextModel.set_gguf_parameters`` and each
-converter's additions (conversion/olmo.py, exaone.py, mistral3.py).
+converter's additions (conversion/olmo.py, exaone.py, mistral3.py, lfm2.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class Keys:
         """``{arch}.{key}``, an array, as bools; None when absent."""
         field = self.reader.fields.get(f"{self.arch}.{key}")
         return None if field is None else [bool(field.parts[i][0]) for i in field.data]
+
+    def get_ints(self, key: str) -> list[int] | None:
+        """``{arch}.{key}`` as a list of ints (one value for a scalar key);
+        None when absent."""
+        field = self.reader.fields.get(f"{self.arch}.{key}")
+        return None if field is None else [int(field.parts[i][0]) for i in field.data]
 
     def common(self, vocab_size: int, untied: bool, special: dict) -> dict:
         """The sizes every decoder has, as transformers config arguments
@@ -143,3 +150,32 @@ def mistral3_config(keys: Keys, args: dict):
             rope["llama_4_scaling_beta"] = beta
     window = keys.get_int("attention.sliding_window")
     return Ministral3Config(**args, rope_parameters=rope, sliding_window=window or None)
+
+
+def lfm2_config(keys: Keys, args: dict):
+    """LFM2 / LFM2-MoE: the conv layers are those with 0 KV heads in the
+    per-layer ``attention.head_count_kv``; ``feed_forward_length`` is the
+    MLP's final size (the converter applies LFM2's adjustment); LFM2-MoE's
+    experts are chosen by sigmoid scores plus ``exp_probs_b``, renormalized
+    (llama.cpp's lfm2moe graph), scaled by ``expert_weights_scale`` where
+    written."""
+    from transformers import Lfm2Config, Lfm2MoeConfig
+
+    kv = keys.get_ints("attention.head_count_kv") or []
+    layers = args["num_hidden_layers"]
+    if len(kv) == 1:
+        kv = kv * layers
+    if len(kv) != layers or not any(kv):
+        raise ValueError(f"{keys.path}: {keys.arch}.attention.head_count_kv must give each "
+                         f"of the {layers} layers its KV heads (0 for a conv layer), got {kv}")
+    args.update(num_key_value_heads=max(kv), norm_eps=args.pop("rms_norm_eps"),
+                layer_types=["full_attention" if n else "conv" for n in kv],
+                conv_L_cache=keys.need("shortconv.l_cache"), rope_parameters=keys.rope())
+    if keys.arch == "lfm2":
+        return Lfm2Config(**args, block_auto_adjust_ff_dim=False)
+    return Lfm2MoeConfig(**args, num_experts=keys.need("expert_count"),
+                         num_experts_per_tok=keys.need("expert_used_count"),
+                         moe_intermediate_size=keys.need("expert_feed_forward_length"),
+                         num_dense_layers=keys.need("leading_dense_block_count"),
+                         use_expert_bias=True, norm_topk_prob=True,
+                         routed_scaling_factor=keys.get_float("expert_weights_scale") or 1.0)

@@ -19,10 +19,11 @@ KV, and a request costs, per group, its blocks times that. Models with one
 kind of layer keep one group of all layers (``S`` = the layer count): the
 layout before groups existed.
 
-Linear-attention layers (Gated DeltaNet in Qwen3-Next / Qwen3.5) keep a
-fixed-size state per request instead of KV: they form one *recurrent-state
-group*, the last, whose "table" is the request's state slot (the C++
-manager's recurrent groups); each such layer has its own state tensors
+Recurrent layers (Gated DeltaNet in Qwen3-Next / Qwen3.5, LFM2's short
+convolutions: :data:`RECURRENT_LAYER_TYPES`) keep a fixed-size state per
+request instead of KV: they form one *recurrent-state group*, the last,
+whose "table" is the request's state slot (the C++ manager's recurrent
+groups); each such layer has its own state tensors
 indexed by slot, and ``layer_slots`` numbers them.
 """
 
@@ -30,6 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+#: ``layer_types`` entries of layers that keep a fixed-size state per request
+#: (:mod:`paternoster.model.recurrent_state` has their tensors): Gated
+#: DeltaNet (Qwen3-Next, Qwen3.5) and LFM2's gated short convolution.
+RECURRENT_LAYER_TYPES = ("linear_attention", "conv")
 
 
 @dataclass(frozen=True)
@@ -181,8 +187,8 @@ def layer_windows(hf_config) -> list[int]:
 
 def kv_cache_layout(hf_config) -> KVCacheLayout:
     """The layout of a model's layers: attention windows from
-    :func:`layer_windows`, and the layers ``layer_types`` marks
-    ``"linear_attention"`` (Qwen3-Next, Qwen3.5) in the recurrent-state group."""
+    :func:`layer_windows`, and the layers ``layer_types`` marks with one of
+    :data:`RECURRENT_LAYER_TYPES` in the recurrent-state group."""
     types = getattr(hf_config, "layer_types", None) or ()
-    recurrent = [t == "linear_attention" for t in types]
+    recurrent = [t in RECURRENT_LAYER_TYPES for t in types]
     return KVCacheLayout.from_windows(layer_windows(hf_config), recurrent if any(recurrent) else ())

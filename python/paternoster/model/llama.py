@@ -31,7 +31,7 @@ from torch import nn
 from paternoster import kernels
 from paternoster.kernels import QuantizedWeight, WeightParts
 from paternoster.model.attention import AttentionMetadata, AttentionOps, paged_attention_layer
-from paternoster.model.kv_layout import KVCacheLayout, layer_windows
+from paternoster.model.kv_layout import KVCacheLayout, kv_cache_layout, layer_windows
 from paternoster.model.llama_weights import LlamaWeights, Weight, quant_method
 from paternoster.model.moe import SparseMoeBlock
 from paternoster.model.rope import RotaryEmbedding, rope_parameters
@@ -141,6 +141,10 @@ class LlamaAttention(nn.Module):
         return kernels.linear(out.view(T, self.q_size), self.o_weight, self.o_bias,
                               invariant=self.invariant)
 
+    def matrices(self) -> tuple[Weight, Weight]:
+        """The block's projection matrices (dense or quantized)."""
+        return self.qkv_weight, self.o_weight
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                attn: AttentionMetadata) -> torch.Tensor:
         """The paged-attention step (q ``[T, Hq, D]``, k/v ``[T, Hkv, D]``
@@ -222,8 +226,13 @@ class LlamaDecoderLayer(nn.Module):
             residual, h = x, self.input_layernorm(x)
         else:
             h = self.input_layernorm.add_forward(x, residual)
-        a = self.self_attn(rope, h, kv_cache, attn)
+        a = self.mix(rope, h, kv_cache, attn)
         return self.mlp(self.post_attention_layernorm.add_forward(a, residual)), residual
+
+    def mix(self, rope: Rope, h: torch.Tensor, cache, attn: AttentionMetadata) -> torch.Tensor:
+        """The token mixer on the normed stream ``h`` ``[T, H]`` -> ``[T, H]``:
+        the attention (LFM2's conv layers override)."""
+        return self.self_attn(rope, h, cache, attn)
 
 
 class LlamaForCausalLM(LlamaWeights, nn.Module):
@@ -289,8 +298,8 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         self.norm = self.norm_cls(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = self.embed_tokens  # replaced by load_weights if untied
         for layer, window in zip(self.layers, layer_windows(config), strict=True):
-            layer.self_attn.sliding_window = window
-        self.kv_cache_layout = KVCacheLayout.from_windows(layer_windows(config))
+            token_mixer(layer).sliding_window = window
+        self.kv_cache_layout = kv_cache_layout(config)
 
     def set_kv_cache_layout(self, layout: KVCacheLayout) -> None:
         """Give each layer its KV cache group (whose slot mapping and block
@@ -303,7 +312,7 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
             raise ValueError(f"KV cache layout for {len(layout.layer_groups)} layers, "
                              f"the model has {len(self.layers)}")
         for layer, group in zip(self.layers, layout.layer_groups, strict=True):
-            layer.self_attn.kv_group = group
+            token_mixer(layer).kv_group = group
         self.kv_cache_layout = layout
 
     def make_layer(self, config, dtype: torch.dtype, ops: AttentionOps, index: int,
@@ -396,8 +405,8 @@ class LlamaForCausalLM(LlamaWeights, nn.Module):
         if getattr(self, "_quantized_layers", None) is None:
             self._quantized_layers = all(
                 isinstance(w, QuantizedWeight | WeightParts) for layer in self.layers
-                for w in (layer.self_attn.qkv_weight, layer.self_attn.o_weight,
-                          layer.mlp.gate_up_weight, layer.mlp.down_weight))
+                for w in (*token_mixer(layer).matrices(), layer.mlp.gate_up_weight,
+                          layer.mlp.down_weight))
         return self._quantized_layers
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -414,6 +423,13 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2 (Qwen Team 2024): Llama with biases on the q/k/v projections."""
 
     qkv_bias = True
+
+
+def token_mixer(layer: nn.Module) -> nn.Module:
+    """A decoder layer's token mixer: its ``self_attn``, or the ``mixer`` of
+    a layer without attention (LFM2's short-conv layers)."""
+    attn = getattr(layer, "self_attn", None)
+    return attn if attn is not None else layer.mixer
 
 
 def embed(input_ids: torch.Tensor, table: Weight, dtype: torch.dtype) -> torch.Tensor:

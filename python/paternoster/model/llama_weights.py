@@ -57,20 +57,10 @@ class LlamaWeights:
         if found is None:
             return None
         layer, rest = self.layers[found[0]], found[1]
-        attn, mlp = layer.self_attn, layer.mlp
-        q, kv, h = attn.q_size, attn.kv_size, self.config.hidden_size
+        mlp, h = layer.mlp, self.config.hidden_size
         if isinstance(mlp, SparseMoeBlock) and rest.startswith(mlp.checkpoint_names[0] + "."):
             return _expert_target(mlp, rest)
         table = {
-            "self_attn.qkv_proj.weight": (attn, "qkv_weight", 0, q + 2 * kv),  # Phi-3: fused
-            "self_attn.q_proj.weight": (attn, "qkv_weight", 0, q),
-            "self_attn.k_proj.weight": (attn, "qkv_weight", q, kv),
-            "self_attn.v_proj.weight": (attn, "qkv_weight", q + kv, kv),
-            "self_attn.q_proj.bias": (attn, "qkv_bias", 0, q),
-            "self_attn.k_proj.bias": (attn, "qkv_bias", q, kv),
-            "self_attn.v_proj.bias": (attn, "qkv_bias", q + kv, kv),
-            "self_attn.o_proj.weight": (attn, "o_weight", 0, h),
-            "self_attn.o_proj.bias": (attn, "o_bias", 0, h),
             "mlp.gate_up_proj.weight": (mlp, "gate_up_weight", 0, 2 * mlp.inter),  # Phi-3
             "mlp.gate_proj.weight": (mlp, "gate_up_weight", 0, mlp.inter),
             "mlp.up_proj.weight": (mlp, "gate_up_weight", mlp.inter, mlp.inter),
@@ -79,13 +69,8 @@ class LlamaWeights:
             "mlp.down_proj.weight": (mlp, "down_weight", 0, h),
             "mlp.down_proj.bias": (mlp, "down_bias", 0, h),
         }
-        if getattr(attn, "q_norm", None) is not None:  # per head (Qwen3) or whole (OLMo 2)
-            table["self_attn.q_norm.weight"] = (attn.q_norm, "weight", 0,
-                                                attn.q_norm.weight.shape[0])
-            table["self_attn.k_norm.weight"] = (attn.k_norm, "weight", 0,
-                                                attn.k_norm.weight.shape[0])
-        if getattr(attn, "sinks", None) is not None:  # gpt-oss
-            table["self_attn.sinks"] = (attn, "sinks", 0, attn.num_heads)
+        attn = getattr(layer, "self_attn", None)
+        table.update(_attention_table(attn, h) if attn is not None else layer.mixer_weights())
         for norm in _LAYER_NORMS:
             if getattr(layer, norm, None) is not None:
                 table[f"{norm}.weight"] = (getattr(layer, norm), "weight", 0, h)
@@ -189,27 +174,21 @@ class LlamaWeights:
     def _missing(self, loaded: set[str]) -> list[str]:
         names = ["model.embed_tokens.weight", "model.norm.weight"]
         for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            at = f"model.layers.{i}."
-            rests = ["self_attn.o_proj.weight"]
-            rests += [f"{norm}.weight" for norm in _LAYER_NORMS
-                      if getattr(layer, norm, None) is not None]
-            if at + "self_attn.qkv_proj.weight" in loaded:  # Phi-3: fused in the checkpoint
-                rests.append("self_attn.qkv_proj.weight")
-            else:
-                rests += [f"self_attn.{p}_proj.weight" for p in "qkv"]
-            if attn.qkv_bias is not None:
-                rests += [f"self_attn.{p}_proj.bias" for p in "qkv"]
-            if attn.o_bias is not None:
-                rests.append("self_attn.o_proj.bias")
-            if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3, OLMo 2
-                rests += [f"self_attn.{p}_norm.weight" for p in "qk"]
-            if getattr(attn, "sinks", None) is not None:  # gpt-oss
-                rests.append("self_attn.sinks")
+            mlp, at = layer.mlp, f"model.layers.{i}."
+            attn = getattr(layer, "self_attn", None)
+            rests = [f"{norm}.weight" for norm in _LAYER_NORMS
+                     if getattr(layer, norm, None) is not None]
+            if attn is not None:
+                rests += _attention_names(attn, at, loaded)
+            else:  # another token mixer (LFM2's short convolution)
+                rests += [rest for rest, (owner, attr, _, _) in layer.mixer_weights().items()
+                          if getattr(owner, attr) is not None]
             if isinstance(mlp, SparseMoeBlock):
                 prefix, *projs = mlp.checkpoint_names
                 leaves = ("weight", "bias") if mlp.router_bias is not None else ("weight",)
                 rests += [f"{prefix}.gate.{leaf}" for leaf in leaves]
+                if mlp.selection_bias is not None:
+                    rests.append(f"{prefix}.expert_bias")
                 rests += [f"{prefix}.experts.{e}.{p}.{leaf}"
                           for e in range(mlp.num_experts) for p in projs for leaf in leaves]
             else:
@@ -222,6 +201,48 @@ class LlamaWeights:
                     rests += [f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
             names += [at + rest for rest in rests]
         return [name for name in names if name not in loaded]
+
+
+def _attention_table(attn: nn.Module, h: int) -> dict[str, tuple[nn.Module, str, int, int]]:
+    """An attention block's checkpoint names (under the layer) -> targets."""
+    q, kv = attn.q_size, attn.kv_size
+    table = {
+        "self_attn.qkv_proj.weight": (attn, "qkv_weight", 0, q + 2 * kv),  # Phi-3: fused
+        "self_attn.q_proj.weight": (attn, "qkv_weight", 0, q),
+        "self_attn.k_proj.weight": (attn, "qkv_weight", q, kv),
+        "self_attn.v_proj.weight": (attn, "qkv_weight", q + kv, kv),
+        "self_attn.q_proj.bias": (attn, "qkv_bias", 0, q),
+        "self_attn.k_proj.bias": (attn, "qkv_bias", q, kv),
+        "self_attn.v_proj.bias": (attn, "qkv_bias", q + kv, kv),
+        "self_attn.o_proj.weight": (attn, "o_weight", 0, h),
+        "self_attn.o_proj.bias": (attn, "o_bias", 0, h),
+    }
+    if getattr(attn, "q_norm", None) is not None:  # per head (Qwen3) or whole (OLMo 2)
+        table["self_attn.q_norm.weight"] = (attn.q_norm, "weight", 0,
+                                            attn.q_norm.weight.shape[0])
+        table["self_attn.k_norm.weight"] = (attn.k_norm, "weight", 0,
+                                            attn.k_norm.weight.shape[0])
+    if getattr(attn, "sinks", None) is not None:  # gpt-oss
+        table["self_attn.sinks"] = (attn, "sinks", 0, attn.num_heads)
+    return table
+
+
+def _attention_names(attn: nn.Module, at: str, loaded: set[str]) -> list[str]:
+    """The checkpoint names (under the layer) an attention block needs."""
+    rests = ["self_attn.o_proj.weight"]
+    if at + "self_attn.qkv_proj.weight" in loaded:  # Phi-3: fused in the checkpoint
+        rests.append("self_attn.qkv_proj.weight")
+    else:
+        rests += [f"self_attn.{p}_proj.weight" for p in "qkv"]
+    if attn.qkv_bias is not None:
+        rests += [f"self_attn.{p}_proj.bias" for p in "qkv"]
+    if attn.o_bias is not None:
+        rests.append("self_attn.o_proj.bias")
+    if getattr(attn, "q_norm", None) is not None:  # Qwen3, Gemma 3, OLMo 2
+        rests += [f"self_attn.{p}_norm.weight" for p in "qk"]
+    if getattr(attn, "sinks", None) is not None:  # gpt-oss
+        rests.append("self_attn.sinks")
+    return rests
 
 
 def layer_name(name: str, num_layers: int) -> tuple[int, str] | None:
@@ -241,6 +262,8 @@ def _expert_target(moe: SparseMoeBlock, rest: str) -> tuple[nn.Module, str, int,
     prefix, gate, up, down = moe.checkpoint_names
     leaves = ("weight", "bias") if moe.router_bias is not None else ("weight",)
     parts = rest.split(".")  # prefix gate leaf, or prefix experts e proj leaf
+    if parts == [prefix, "expert_bias"] and moe.selection_bias is not None:  # LFM2-MoE
+        return moe, "selection_bias", 0, moe.num_experts
     if len(parts) == 3 and parts[1] == "gate" and parts[2] in leaves:
         return moe, f"router_{parts[2]}", 0, moe.num_experts
     if len(parts) != 5 or parts[1] != "experts" or not parts[2].isdigit() or parts[4] not in leaves:

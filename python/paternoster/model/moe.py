@@ -14,6 +14,8 @@ stack calls too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -21,6 +23,30 @@ from paternoster import kernels
 from paternoster.kernels.cpu import CPU_DTYPES
 from paternoster.kernels.moe import CpuMoeExperts
 from paternoster.kernels.quant import QuantizedWeight, WeightParts
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a block picks and weighs its experts.
+
+    Attributes:
+        scoring: ``"softmax"`` over the router logits (Mixtral, Qwen3-MoE,
+            gpt-oss), or ``"sigmoid"`` per expert (LFM2-MoE, DeepSeek-V3).
+        selection_bias: sigmoid scoring adds a learned per-expert bias to
+            the scores to choose the top k (auxiliary-loss-free balancing,
+            Wang et al. 2024, arXiv:2408.15664), not to weigh them.
+        norm_eps: added to the sum when sigmoid weights are renormalized.
+        scaling: the chosen weights' factor (``routed_scaling_factor``).
+    """
+
+    scoring: str = "softmax"
+    selection_bias: bool = False
+    norm_eps: float = 0.0
+    scaling: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {self.scoring!r}")
 
 
 class SparseMoeBlock(nn.Module):
@@ -44,6 +70,8 @@ class SparseMoeBlock(nn.Module):
             each expert's gate, up and down matrices (Qwen3-MoE's by default;
             Mixtral's are ``block_sparse_moe`` and ``w1``, ``w3``, ``w2``).
         bias: the router and the experts' projections have biases (gpt-oss).
+        routing: a :class:`Routing` other than softmax top-k (LFM2-MoE's
+            sigmoid scores with a selection bias).
     Raises:
         ValueError: ``top_k`` outside ``[1, num_experts]``.
     """
@@ -52,9 +80,10 @@ class SparseMoeBlock(nn.Module):
                  norm_topk_prob: bool, dtype: torch.dtype, invariant: bool = False,
                  checkpoint_names: tuple[str, str, str, str] = (
                      "mlp", "gate_proj", "up_proj", "down_proj"),
-                 bias: bool = False) -> None:
+                 bias: bool = False, routing: Routing | None = None) -> None:
         super().__init__()
         self.checkpoint_names = checkpoint_names
+        self.routing = routing if routing is not None else Routing()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok must be in [1, {num_experts}], got {top_k}")
         self.hidden, self.inter = hidden, inter
@@ -69,16 +98,36 @@ class SparseMoeBlock(nn.Module):
         self.router_bias = empty(num_experts) if bias else None
         self.gate_up_bias = empty(num_experts * 2 * inter) if bias else None
         self.down_bias = empty(num_experts * hidden) if bias else None
+        # Added to the sigmoid scores to choose experts, not to weigh them
+        # (checkpoint ``{prefix}.expert_bias``, float32).
+        self.selection_bias = (nn.Parameter(torch.zeros(num_experts), requires_grad=False)
+                               if self.routing.selection_bias else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x ``[T, H]`` -> (weights ``[T, k]`` in x's dtype, expert ids int64
         ``[T, k]``): softmax over the router logits in float32, the top k,
-        renormalized if the config says so (HF Qwen3-MoE/Mixtral order)."""
+        renormalized if the config says so (HF Qwen3-MoE/Mixtral order); or
+        the sigmoid routing of :class:`Routing`."""
+        if self.routing.scoring == "sigmoid":
+            return self._sigmoid_route(x)
         probs = torch.softmax(self.router_logits(x).float(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(x.dtype), experts
+
+    def _sigmoid_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sigmoid scores in float32; the top k of ``score + selection_bias``
+        chosen, weighed by their scores, renormalized (``/ (sum + eps)``)
+        if the config says so, times ``routed_scaling_factor`` (HF LFM2-MoE's
+        order; DeepSeek-V3's without group limits)."""
+        scores = torch.sigmoid(self.router_logits(x).float())
+        choice = scores if self.selection_bias is None else scores + self.selection_bias
+        experts = torch.topk(choice, self.top_k, dim=-1).indices
+        weights = scores.gather(1, experts)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + self.routing.norm_eps)
+        return (weights * self.routing.scaling).to(x.dtype), experts
 
     def router_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[T, H]`` -> ``[T, E]`` in x's dtype: ``x @ router_weight.T``
@@ -100,7 +149,8 @@ class SparseMoeBlock(nn.Module):
         ``kernels.cpu.DENSE_CORE_MAX_TOKENS`` tokens, or batch-invariant
         mode). Built once per set of weights."""
         activation = self.core_activation()
-        if activation is None or self.router_weight.device.type != "cpu":
+        if (activation is None or self.routing.scoring != "softmax"
+                or self.router_weight.device.type != "cpu"):
             return None
         weights = (self.router_weight, self.gate_up_weight, self.down_weight)
         quantized = all(isinstance(w, QuantizedWeight | WeightParts) for w in weights[1:])

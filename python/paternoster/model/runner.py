@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +13,8 @@ import torch
 
 from paternoster import kernels
 from paternoster.config import CacheConfig, ModelConfig
-from paternoster.model import huge_pages
+from paternoster.model import huge_pages, recurrent_state
 from paternoster.model.attention import AttentionMetadata, AttentionOps, default_attention_ops
-from paternoster.model.gated_deltanet import state_shapes
 from paternoster.model.interface import ModelInput, ModelRunnerOutput
 from paternoster.model.kv_layout import kv_cache_layout
 from paternoster.model.loader import (
@@ -144,7 +142,7 @@ class ModelRunner:
         self.kv_layout = kv_cache_layout(cfg)
         self.kv_cache_group_windows = self.kv_layout.group_windows
         self.kv_cache_group_recurrent = self.kv_layout.group_recurrent
-        # Linear-attention layers: one state slot per running request.
+        # Recurrent layers: one state slot per running request.
         self.num_state_slots = max_num_seqs if self.kv_layout.num_recurrent_layers else 0
         self._max_chunk = max_num_batched_tokens
         ops = attn_ops if attn_ops is not None else default_attention_ops()
@@ -176,8 +174,8 @@ class ModelRunner:
 
     def _allocate_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (key_cache, value_cache): the layout's shared slots;
-        for a linear-attention layer its (conv_state, ssm_state) over
-        ``num_state_slots`` slots."""
+        for a recurrent layer its state tensors over ``num_state_slots``
+        slots."""
         slots = [(self._empty_cache(), self._empty_cache())
                  for _ in range(self.kv_layout.num_slots)]
         states = [self._empty_states(self.num_state_slots)
@@ -187,21 +185,17 @@ class ModelRunner:
                 for group, slot in zip(self.kv_layout.layer_groups, self.kv_layout.layer_slots,
                                        strict=True)]
 
-    def _empty_states(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One linear layer's (conv_state, ssm_state) for ``n`` slots: model
-        dtype and float32 (:func:`~paternoster.model.gated_deltanet.state_shapes`)."""
-        conv, ssm = state_shapes(self.hf_config)
-        return (torch.zeros((n, *conv), dtype=self.dtype, device=self.device),
-                torch.zeros((n, *ssm), dtype=torch.float32, device=self.device))
+    def _empty_states(self, n: int) -> tuple[torch.Tensor, ...]:
+        """One recurrent layer's state tensors for ``n`` slots
+        (:func:`~paternoster.model.recurrent_state.empty_states`)."""
+        return recurrent_state.empty_states(self.hf_config, n, self.dtype, self.device)
 
     def state_bytes(self) -> int:
-        """Bytes of every linear layer's state for all ``num_state_slots``
-        slots (0 without linear-attention layers)."""
+        """Bytes of every recurrent layer's state for all ``num_state_slots``
+        slots (0 without recurrent layers)."""
         if not self.num_state_slots:
             return 0
-        conv, ssm = state_shapes(self.hf_config)
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        per_slot = math.prod(conv) * elem + math.prod(ssm) * 4
+        per_slot = recurrent_state.slot_bytes(self.hf_config, self.dtype)
         return per_slot * self.num_state_slots * self.kv_layout.num_recurrent_layers
 
     def bytes_per_block(self) -> int:
