@@ -120,13 +120,17 @@ def _ranges(engine) -> Iterator[None]:
 
 def _shape_names(model) -> dict[tuple[int, int], str]:
     """(out, in) of each weight matrix -> its projection name."""
-    layer = model.layers[0]
+    from paternoster.model.llama import token_mixer
+
     names = {}
-    for label, obj in (("qkv", layer.self_attn.qkv_weight), ("o", layer.self_attn.o_weight),
-                       ("gate_up", layer.mlp.gate_up_weight), ("down", layer.mlp.down_weight),
-                       ("lm_head", model.lm_head)):
-        shape = getattr(obj, "logical_shape", None) or tuple(obj.shape)
-        names[tuple(shape)] = label
+    for layer in model.layers:  # each kind of token mixer (LFM2's conv layers too)
+        mixer = token_mixer(layer)
+        labels = (("qkv", "o") if hasattr(layer, "self_attn") else ("in_proj", "out_proj"))
+        for label, obj in (*zip(labels, mixer.matrices(), strict=True),
+                           ("gate_up", layer.mlp.gate_up_weight),
+                           ("down", layer.mlp.down_weight), ("lm_head", model.lm_head)):
+            shape = getattr(obj, "logical_shape", None) or tuple(obj.shape)
+            names.setdefault(tuple(shape), label)
     return names
 
 
@@ -249,7 +253,8 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
                   max_model_len=2048)
     llm = LLM(args.model, **kwargs) if args.model else LLM(**kwargs)
     engine = llm.engine
-    engine.runner.model.fused_steps = not args.python_layers
+    if args.python_layers:  # (a model without the core's stack keeps its own layers)
+        engine.runner.model.fused_steps = False
     copy_bw, bandwidth = memory_bandwidth(args.threads)
     model = engine.runner.model
     wbytes = weight_bytes(model)

@@ -180,6 +180,7 @@ def test_gguf_file_as_llama_cpp_writes_it_matches_hf(tmp_path, kind):
     assert type(runner.model).__name__ == type(hf).__name__
     assert runner.model.layer_types == TYPES
     assert isinstance(runner.model.layers[0].mixer.in_proj_weight, QuantizedWeight)
+    assert runner.model._all_quantized()  # every matrix, the conv layers' too
     tokens = torch.randint(3, 128, (30,), generator=torch.Generator().manual_seed(3)).tolist()
     maker = BatchMaker(128, BLOCK_SIZE, num_groups=runner.kv_layout.num_groups)
     outs = [runner.compute_logits(maker.batch([Chunk("a", tokens, 0, 11)])),

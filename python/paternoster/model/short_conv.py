@@ -61,6 +61,10 @@ class ShortConv(nn.Module):
         self.conv_bias = param(h) if bias else None
         self.out_proj_bias = param(h) if bias else None
 
+    def matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's projection matrices (dense or quantized)."""
+        return self.in_proj_weight, self.out_proj_weight
+
     def forward(self, x: torch.Tensor, state: tuple[torch.Tensor],
                 attn: AttentionMetadata) -> torch.Tensor:
         """x ``[T, H]`` -> ``[T, H]``.
