@@ -34,8 +34,12 @@ from dataclasses import dataclass
 
 #: ``layer_types`` entries of layers that keep a fixed-size state per request
 #: (:mod:`paternoster.model.recurrent_state` has their tensors): Gated
-#: DeltaNet (Qwen3-Next, Qwen3.5) and LFM2's gated short convolution.
+#: DeltaNet (Qwen3-Next, Qwen3.5) or Mamba2 (Nemotron-H, Granite 4.0-H; both
+#: ``"linear_attention"`` in transformers 5) and LFM2's gated short convolution.
 RECURRENT_LAYER_TYPES = ("linear_attention", "conv")
+#: ``layer_types`` entries of layers without a token mixer, hence no cache:
+#: Nemotron-H's MLP-only and MoE-only blocks.
+CACHELESS_LAYER_TYPES = ("mlp", "moe")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,9 @@ class KVCacheLayout:
         group_recurrent: per group, whether it is the recurrent-state group
             (empty: none is); for such a group's layers ``layer_slots`` is
             the layer's index among the recurrent layers.
+
+    A layer without a cache (Nemotron-H's MLP-only blocks) has group and
+    slot -1.
     """
 
     group_windows: tuple[int, ...]
@@ -60,8 +67,8 @@ class KVCacheLayout:
     group_recurrent: tuple[bool, ...] = ()
 
     @classmethod
-    def from_windows(cls, windows: Sequence[int],
-                     recurrent: Sequence[bool] = ()) -> KVCacheLayout:
+    def from_windows(cls, windows: Sequence[int], recurrent: Sequence[bool] = (),
+                     cacheless: Sequence[bool] = ()) -> KVCacheLayout:
         """The layout for layers with these windows (0 = full attention).
 
         Kinds of layer are told apart by their window. Each kind's layers, in
@@ -69,29 +76,32 @@ class KVCacheLayout:
         last group of a kind may be short: at its blocks' ids the slots it has
         no layer for stay unwritten, memory allocated but unused). Layers
         marked in ``recurrent`` (one flag per layer, or empty) form one
-        recurrent-state group after the others.
+        recurrent-state group after the others; layers marked in
+        ``cacheless`` are in no group.
 
         Raises:
-            ValueError: no layers, a negative window, ``recurrent`` of
-                another length, or only recurrent layers.
+            ValueError: no layers, a negative window, ``recurrent`` or
+                ``cacheless`` of another length, or no attention layer.
         """
         if not windows:
             raise ValueError("a model needs at least one layer")
         if any(w < 0 for w in windows):
             raise ValueError(f"sliding windows must be >= 0, got {list(windows)}")
-        if recurrent and len(recurrent) != len(windows):
-            raise ValueError(f"recurrent has {len(recurrent)} flags for {len(windows)} layers")
+        for name, flags in (("recurrent", recurrent), ("cacheless", cacheless)):
+            if flags and len(flags) != len(windows):
+                raise ValueError(f"{name} has {len(flags)} flags for {len(windows)} layers")
         state_layers = [i for i, r in enumerate(recurrent) if r]
-        if len(state_layers) == len(windows):
-            raise ValueError("a model needs at least one attention layer")
+        none = {i for i, c in enumerate(cacheless) if c}
         kinds: dict[int, list[int]] = {}
         for layer, w in enumerate(windows):
-            if layer not in state_layers:
+            if layer not in state_layers and layer not in none:
                 kinds.setdefault(int(w), []).append(layer)
+        if not kinds:
+            raise ValueError("a model needs at least one attention layer")
         size = min(len(layers) for layers in kinds.values())
         group_windows: list[int] = []
-        groups = [0] * len(windows)
-        slots = [0] * len(windows)
+        groups = [-1] * len(windows)
+        slots = [-1] * len(windows)
         for w, layers in kinds.items():
             for start in range(0, len(layers), size):
                 for slot, layer in enumerate(layers[start : start + size]):
@@ -187,8 +197,12 @@ def layer_windows(hf_config) -> list[int]:
 
 def kv_cache_layout(hf_config) -> KVCacheLayout:
     """The layout of a model's layers: attention windows from
-    :func:`layer_windows`, and the layers ``layer_types`` marks with one of
-    :data:`RECURRENT_LAYER_TYPES` in the recurrent-state group."""
+    :func:`layer_windows`, the layers ``layer_types`` marks with one of
+    :data:`RECURRENT_LAYER_TYPES` in the recurrent-state group, and those it
+    marks with one of :data:`CACHELESS_LAYER_TYPES` in none."""
     types = getattr(hf_config, "layer_types", None) or ()
     recurrent = [t in RECURRENT_LAYER_TYPES for t in types]
-    return KVCacheLayout.from_windows(layer_windows(hf_config), recurrent if any(recurrent) else ())
+    cacheless = [t in CACHELESS_LAYER_TYPES for t in types]
+    return KVCacheLayout.from_windows(layer_windows(hf_config),
+                                      recurrent if any(recurrent) else (),
+                                      cacheless if any(cacheless) else ())

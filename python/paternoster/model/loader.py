@@ -26,6 +26,7 @@ from paternoster.model.lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from paternoster.model.ministral3 import Ministral3ForCausalLM
 from paternoster.model.mixtral import MixtralForCausalLM
+from paternoster.model.nemotron_h import NemotronHForCausalLM
 from paternoster.model.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from paternoster.model.phi3 import Phi3ForCausalLM
 from paternoster.model.qwen3 import Qwen3ForCausalLM
@@ -49,6 +50,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "Ministral3ForCausalLM": Ministral3ForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "NemotronHForCausalLM": NemotronHForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
@@ -62,6 +64,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
 }
 _MODEL_TYPES = {"exaone4": "Exaone4ForCausalLM", "ministral3": "Ministral3ForCausalLM",
                 "lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM",
+                "nemotron_h": "NemotronHForCausalLM",
                 "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
                 "gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
                 "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",

@@ -23,6 +23,7 @@ from paternoster import kernels
 from paternoster.kernels.cpu import CPU_DTYPES
 from paternoster.kernels.moe import CpuMoeExperts
 from paternoster.kernels.quant import QuantizedWeight, WeightParts
+from paternoster.model.rowwise import rowwise
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,25 @@ class Routing:
             Wang et al. 2024, arXiv:2408.15664), not to weigh them.
         norm_eps: added to the sum when sigmoid weights are renormalized.
         scaling: the chosen weights' factor (``routed_scaling_factor``).
+        groups, topk_groups: sigmoid scoring chooses only among the experts
+            of the ``topk_groups`` of ``groups`` equal groups whose two best
+            biased scores sum highest (DeepSeek-V3's node-limited routing,
+            arXiv:2412.19437; Nemotron-H's MoE); 1, 1: no limit.
     """
 
     scoring: str = "softmax"
     selection_bias: bool = False
     norm_eps: float = 0.0
     scaling: float = 1.0
+    groups: int = 1
+    topk_groups: int = 1
 
     def __post_init__(self) -> None:
         if self.scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {self.scoring!r}")
+        if not 1 <= self.topk_groups <= self.groups:
+            raise ValueError(f"topk_group must be in [1, n_group={self.groups}], "
+                             f"got {self.topk_groups}")
 
 
 class SparseMoeBlock(nn.Module):
@@ -72,6 +82,10 @@ class SparseMoeBlock(nn.Module):
         bias: the router and the experts' projections have biases (gpt-oss).
         routing: a :class:`Routing` other than softmax top-k (LFM2-MoE's
             sigmoid scores with a selection bias).
+        gated: each expert is ``down(act(gate x) * up x)`` (SwiGLU); False:
+            ``down(act(up x))`` with ``gate_up_weight`` holding only the up
+            rows (``[E * I, H]``; Nemotron-H's relu² experts, whose subclass
+            overrides :meth:`activation`).
     Raises:
         ValueError: ``top_k`` outside ``[1, num_experts]``.
     """
@@ -80,7 +94,8 @@ class SparseMoeBlock(nn.Module):
                  norm_topk_prob: bool, dtype: torch.dtype, invariant: bool = False,
                  checkpoint_names: tuple[str, str, str, str] = (
                      "mlp", "gate_proj", "up_proj", "down_proj"),
-                 bias: bool = False, routing: Routing | None = None) -> None:
+                 bias: bool = False, routing: Routing | None = None,
+                 gated: bool = True) -> None:
         super().__init__()
         self.checkpoint_names = checkpoint_names
         self.routing = routing if routing is not None else Routing()
@@ -90,13 +105,15 @@ class SparseMoeBlock(nn.Module):
         self.num_experts, self.top_k = num_experts, top_k
         self.norm_topk_prob = norm_topk_prob
         self.invariant = invariant
+        #: Rows of one expert's first matrix: gate and up, or up alone.
+        self.up_rows = (2 if gated else 1) * inter
         empty = lambda *shape: nn.Parameter(torch.empty(*shape, dtype=dtype),  # noqa: E731
                                             requires_grad=False)
         self.router_weight = empty(num_experts, hidden)
-        self.gate_up_weight = empty(num_experts * 2 * inter, hidden)
+        self.gate_up_weight = empty(num_experts * self.up_rows, hidden)
         self.down_weight = empty(num_experts * hidden, inter)
         self.router_bias = empty(num_experts) if bias else None
-        self.gate_up_bias = empty(num_experts * 2 * inter) if bias else None
+        self.gate_up_bias = empty(num_experts * self.up_rows) if bias else None
         self.down_bias = empty(num_experts * hidden) if bias else None
         # Added to the sigmoid scores to choose experts, not to weigh them
         # (checkpoint ``{prefix}.expert_bias``, float32).
@@ -121,8 +138,14 @@ class SparseMoeBlock(nn.Module):
         chosen, weighed by their scores, renormalized (``/ (sum + eps)``)
         if the config says so, times ``routed_scaling_factor`` (HF LFM2-MoE's
         order; DeepSeek-V3's without group limits)."""
-        scores = torch.sigmoid(self.router_logits(x).float())
+        scores = rowwise(torch.sigmoid, self.router_logits(x).float(), self.invariant)
         choice = scores if self.selection_bias is None else scores + self.selection_bias
+        r = self.routing
+        if r.groups > 1:  # keep the experts of the best groups only
+            per_group = choice.view(choice.shape[0], r.groups, -1)
+            best = per_group.topk(2, dim=-1).values.sum(-1).topk(r.topk_groups, dim=-1).indices
+            keep = torch.zeros_like(per_group[..., 0], dtype=torch.bool).scatter_(1, best, True)
+            choice = per_group.masked_fill(~keep[..., None], float("-inf")).view_as(choice)
         experts = torch.topk(choice, self.top_k, dim=-1).indices
         weights = scores.gather(1, experts)
         if self.norm_topk_prob:
@@ -150,7 +173,7 @@ class SparseMoeBlock(nn.Module):
         mode). Built once per set of weights."""
         activation = self.core_activation()
         if (activation is None or self.routing.scoring != "softmax"
-                or self.router_weight.device.type != "cpu"):
+                or self.up_rows != 2 * self.inter or self.router_weight.device.type != "cpu"):
             return None
         weights = (self.router_weight, self.gate_up_weight, self.down_weight)
         quantized = all(isinstance(w, QuantizedWeight | WeightParts) for w in weights[1:])
@@ -176,6 +199,14 @@ class SparseMoeBlock(nn.Module):
         if core is not None and x.dtype == core.dtype:
             return core.forward(x.contiguous(), self.invariant)
         weights, experts = self.route(x)
+        return self.combine(x, weights, experts)
+
+    def combine(self, x: torch.Tensor, weights: torch.Tensor,
+                experts: torch.Tensor) -> torch.Tensor:
+        """The chosen experts on x ``[T, H]``, weighted and summed: weights
+        ``[T, k]`` and expert ids ``[T, k]`` as :meth:`route` gives them (or
+        from another input: Nemotron-H routes on the hidden state and runs
+        the experts on a latent projection of it). Grouped per expert."""
         out = torch.zeros_like(x)
         if x.shape[0] == 1:  # one token: no grouping to do, the same sums in the same order
             ids = experts[0].tolist()
@@ -203,7 +234,7 @@ class SparseMoeBlock(nn.Module):
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
         """Expert ``e``'s gated MLP on rows x ``[n, H]`` -> ``[n, H]``."""
-        two_i, h = 2 * self.inter, self.hidden
+        two_i, h = self.up_rows, self.hidden
         gate_up = kernels.linear(x, self.gate_up_weight[e * two_i:(e + 1) * two_i],
                                  _rows(self.gate_up_bias, e * two_i, two_i),
                                  invariant=self.invariant)

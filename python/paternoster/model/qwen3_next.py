@@ -36,6 +36,7 @@ from paternoster.model.llama import KVCache, LlamaAttention, LlamaMLP, embed
 from paternoster.model.moe import SparseMoeBlock
 from paternoster.model.qwen3_next_weights import HybridWeights
 from paternoster.model.rope import RotaryEmbedding, rope_parameters
+from paternoster.model.rowwise import rowwise
 
 LINEAR, FULL = "linear_attention", "full_attention"
 
@@ -251,16 +252,6 @@ class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):  # noqa: N801 - HF's class na
 
     moe_every_layer = True
     always_norm_topk = True
-
-
-def rowwise(fn, x: torch.Tensor, invariant: bool) -> torch.Tensor:
-    """``fn(x)`` for an elementwise ``fn``; with ``invariant``, one row at a
-    time, so a row's bits do not depend on how many rows the step has
-    (torch's vectorized elementwise kernels compute a vector's tail with the
-    scalar code, which rounds transcendental functions differently)."""
-    if not invariant or x.shape[0] <= 1:
-        return fn(x)
-    return torch.cat([fn(x[i : i + 1]) for i in range(x.shape[0])])
 
 
 def hybrid_layer_types(config) -> list[str]:

@@ -4,9 +4,12 @@ recurrent-state group, :mod:`paternoster.model.kv_layout`): the runner
 allocates them for every slot and takes their bytes out of the KV cache
 budget before it counts blocks.
 
-- ``"linear_attention"``: Gated DeltaNet (Qwen3-Next, Qwen3.5): the conv
-  state ``[C, K - 1]`` (model dtype) and the delta-rule state ``[Hv, Dk, Dv]``
-  (float32).
+- ``"linear_attention"`` in a config with ``linear_*`` fields: Gated
+  DeltaNet (Qwen3-Next, Qwen3.5): the conv state ``[C, K - 1]`` (model
+  dtype) and the delta-rule state ``[Hv, Dk, Dv]`` (float32);
+- ``"linear_attention"`` in a config with Mamba fields: Mamba2 (Nemotron-H,
+  Granite 4.0-H): the conv state ``[C, K - 1]`` (model dtype) and the SSM
+  state ``[H, P, N]`` (float32);
 - ``"conv"``: LFM2's gated short convolution: the conv state ``[H, K - 1]``
   (model dtype).
 """
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from paternoster.model import gated_deltanet, short_conv
+from paternoster.model import gated_deltanet, mamba2, short_conv
 from paternoster.model.kv_layout import RECURRENT_LAYER_TYPES
 
 
@@ -53,7 +56,8 @@ def slot_tensors(config) -> tuple[StateTensor, ...]:
     recurrent layers."""
     kind = recurrent_kind(config)
     if kind == "linear_attention":
-        conv, ssm = gated_deltanet.state_shapes(config)
+        mamba = not hasattr(config, "linear_conv_kernel_dim")
+        conv, ssm = (mamba2 if mamba else gated_deltanet).state_shapes(config)
         return StateTensor(conv), StateTensor(ssm, float32=True)
     if kind == "conv":
         return (StateTensor(short_conv.state_shape(config)),)

@@ -175,13 +175,13 @@ class ModelRunner:
     def _allocate_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (key_cache, value_cache): the layout's shared slots;
         for a recurrent layer its state tensors over ``num_state_slots``
-        slots."""
+        slots; None for a layer without a cache."""
         slots = [(self._empty_cache(), self._empty_cache())
                  for _ in range(self.kv_layout.num_slots)]
         states = [self._empty_states(self.num_state_slots)
                   for _ in range(self.kv_layout.num_recurrent_layers)]
         recurrent = self.kv_layout.recurrent_group
-        return [states[slot] if group == recurrent else slots[slot]
+        return [None if group < 0 else states[slot] if group == recurrent else slots[slot]
                 for group, slot in zip(self.kv_layout.layer_groups, self.kv_layout.layer_slots,
                                        strict=True)]
 
@@ -413,7 +413,7 @@ class ModelRunner:
         shape = (1, self.block_size, self.num_kv_heads, self.head_dim)
         kv = (torch.zeros(shape, dtype=self.dtype, device=dev),) * 2
         recurrent = self.kv_layout.recurrent_group
-        caches = [self._empty_states(1) if group == recurrent else kv
+        caches = [None if group < 0 else self._empty_states(1) if group == recurrent else kv
                   for group in self.kv_layout.layer_groups]
         ids = torch.zeros(num_tokens, dtype=torch.int64, device=dev)
         torch.cuda.synchronize(dev)
