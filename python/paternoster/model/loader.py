@@ -22,6 +22,7 @@ from paternoster.model.gguf import gguf_weights
 from paternoster.model.gguf_config import load_gguf_config
 from paternoster.model.gguf_file import gguf_architecture, gguf_reader, gguf_shards, is_gguf
 from paternoster.model.gpt_oss import GptOssForCausalLM
+from paternoster.model.granite_hybrid import GraniteMoeHybridForCausalLM
 from paternoster.model.lfm2 import Lfm2ForCausalLM, Lfm2MoeForCausalLM
 from paternoster.model.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from paternoster.model.ministral3 import Ministral3ForCausalLM
@@ -44,6 +45,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
     "Lfm2ForCausalLM": Lfm2ForCausalLM,
     "Lfm2MoeForCausalLM": Lfm2MoeForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -65,6 +67,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
 _MODEL_TYPES = {"exaone4": "Exaone4ForCausalLM", "ministral3": "Ministral3ForCausalLM",
                 "lfm2": "Lfm2ForCausalLM", "lfm2_moe": "Lfm2MoeForCausalLM",
                 "nemotron_h": "NemotronHForCausalLM",
+                "granitemoehybrid": "GraniteMoeHybridForCausalLM",
                 "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
                 "gemma3_text": "Gemma3ForCausalLM", "gpt_oss": "GptOssForCausalLM",
                 "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
