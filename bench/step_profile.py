@@ -120,17 +120,19 @@ def _ranges(engine) -> Iterator[None]:
 
 def _shape_names(model) -> dict[tuple[int, int], str]:
     """(out, in) of each weight matrix -> its projection name."""
-    from paternoster.model.llama import token_mixer
-
     names = {}
-    for layer in model.layers:  # each kind of token mixer (LFM2's conv layers too)
-        mixer = token_mixer(layer)
-        labels = (("qkv", "o") if hasattr(layer, "self_attn") else ("in_proj", "out_proj"))
-        for label, obj in (*zip(labels, mixer.matrices(), strict=True),
-                           ("gate_up", layer.mlp.gate_up_weight),
-                           ("down", layer.mlp.down_weight), ("lm_head", model.lm_head)):
-            shape = getattr(obj, "logical_shape", None) or tuple(obj.shape)
-            names.setdefault(tuple(shape), label)
+    found: list[tuple[str, object]] = [("lm_head", model.lm_head)]
+    for layer in model.layers:  # each kind of token mixer and feed-forward block
+        mixer = getattr(layer, "self_attn", None) or getattr(layer, "mixer", None)
+        if hasattr(mixer, "matrices"):
+            labels = ("qkv", "o") if hasattr(mixer, "qkv_weight") else ("in_proj", "out_proj")
+            found += zip(labels, mixer.matrices(), strict=True)
+        mlp = getattr(layer, "mlp", None) or getattr(layer, "shared_mlp", None)
+        if mlp is not None:
+            found += [("gate_up", mlp.gate_up_weight), ("down", mlp.down_weight)]
+    for label, obj in found:
+        shape = getattr(obj, "logical_shape", None) or tuple(obj.shape)
+        names.setdefault(tuple(shape), label)
     return names
 
 
@@ -191,7 +193,8 @@ def profile_batch(engine, batch: int, args,
             done[0] += 1
 
         def need() -> float:
-            return args.weight_bytes + batch * (args.prompt_len + done[0]) * args.kv_per_token
+            return args.weight_bytes + batch * ((args.prompt_len + done[0]) * args.kv_per_token
+                                                + args.state_per_seq)
 
         probe = BandwidthProbe()
         print(f"\n## batch {batch}, interleaved\n"
@@ -234,6 +237,8 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--load-format", default="auto",
+                    help="'dummy': random weights at the config's shapes (no checkpoint)")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
@@ -250,7 +255,7 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
     from paternoster.bench.roofline import machine_info
 
     kwargs = dict(dtype=args.dtype, max_num_seqs=max(batches), num_threads=args.threads,
-                  max_model_len=2048)
+                  max_model_len=2048, load_format=args.load_format)
     llm = LLM(args.model, **kwargs) if args.model else LLM(**kwargs)
     engine = llm.engine
     if args.python_layers:  # (a model without the core's stack keeps its own layers)
@@ -258,20 +263,27 @@ def main(argv: list[str] | None = None, build: Callable | None = None) -> None:
     copy_bw, bandwidth = memory_bandwidth(args.threads)
     model = engine.runner.model
     wbytes = weight_bytes(model)
-    kv_per_token = (2 * engine.runner.num_layers * engine.runner.num_kv_heads
-                    * engine.runner.head_dim * engine.runner.dtype.itemsize)
-    args.weight_bytes, args.kv_per_token = wbytes, kv_per_token
+    runner = engine.runner
+    layout = runner.kv_layout  # attention layers only: recurrent and cacheless ones hold no KV
+    attention_layers = sum(1 for g in layout.layer_groups
+                           if g >= 0 and g != layout.recurrent_group)
+    kv_per_token = (2 * attention_layers * runner.num_kv_heads * runner.head_dim
+                    * runner.dtype.itemsize)
+    # A recurrent layer reads its state once a step per sequence.
+    state_per_seq = runner.state_bytes() // max(runner.num_state_slots, 1)
+    args.weight_bytes, args.kv_per_token, args.state_per_seq = wbytes, kv_per_token, state_per_seq
     print(f"{machine_info()}")
     print(f"memory bandwidth ({args.threads} threads): copy {copy_bw / 1e9:.1f} GB/s, "
           f"read {bandwidth / 1e9:.1f} GB/s (the limit uses read); "
-          f"weights read per step {wbytes / 1e6:.1f} MB; KV {kv_per_token} B/token")
+          f"weights read per step {wbytes / 1e6:.1f} MB; KV {kv_per_token} B/token; "
+          f"recurrent state {state_per_seq} B/sequence")
     rng = random.Random(args.seed)
     for b in batches:
         rows, step_ms, plain_ms = profile_batch(engine, b, args, rng)
         # The VM's bandwidth drifts: measured again next to each batch's steps.
         _, bandwidth = memory_bandwidth(args.threads)
         context = args.prompt_len + args.warmup + args.steps + args.steps // 2
-        limit_ms = 1e3 * (wbytes + b * context * kv_per_token) / bandwidth
+        limit_ms = 1e3 * (wbytes + b * (context * kv_per_token + state_per_seq)) / bandwidth
         print(f"read bandwidth now {bandwidth / 1e9:.1f} GB/s")
         _print_table(b, rows, step_ms, plain_ms, limit_ms)
 

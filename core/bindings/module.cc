@@ -26,6 +26,7 @@
 #include "paternoster/kv_cache_manager.h"
 #include "paternoster/linear.h"
 #include "paternoster/moe.h"
+#include "paternoster/ssm.h"
 #include "paternoster/thread_pool.h"
 
 namespace py = pybind11;
@@ -451,6 +452,21 @@ PYBIND11_MODULE(_core, m) {
       py::arg("hidden_size"), py::arg("eps"), py::arg("dtype"),
       py::call_guard<py::gil_scoped_release>(),
       "residual += x; x = RMSNorm(residual), in place on raw data pointers.");
+  m.def(
+      "_mamba2_state_update_ptr",
+      [](uintptr_t state, uintptr_t slots, int64_t batch, int64_t num_slots, int64_t heads,
+         int64_t head_dim, int64_t groups, int64_t state_size, uintptr_t x, uintptr_t dt,
+         uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d, uintptr_t y) {
+        mamba2_state_update(ptr<float>(state), ptr<const int64_t>(slots), batch, num_slots,
+                            heads, head_dim, groups, state_size, ptr<const float>(x),
+                            ptr<const float>(dt), ptr<const float>(a), ptr<const float>(b),
+                            ptr<const float>(c), ptr<const float>(d), ptr<float>(y));
+      },
+      py::arg("state"), py::arg("slots"), py::arg("batch"), py::arg("num_slots"),
+      py::arg("heads"), py::arg("head_dim"), py::arg("groups"), py::arg("state_size"),
+      py::arg("x"), py::arg("dt"), py::arg("a"), py::arg("b"), py::arg("c"), py::arg("d"),
+      py::arg("y"), py::call_guard<py::gil_scoped_release>(),
+      "Mamba2's one-token state update in place on the slots (raw data pointers).");
   m.def(
       "_silu_and_mul_ptr",
       [](uintptr_t out, uintptr_t x, int64_t num_tokens, int64_t intermediate_size,

@@ -6,6 +6,7 @@ sequences, and the one continuing the other."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from paternoster.model.mamba2 import ssd_chunk_scan, ssd_step
@@ -49,9 +50,11 @@ def test_chunked_dual_form_matches_the_recurrence_across_chunks():
     torch.testing.assert_close(s.double(), ref_state, rtol=0, atol=1e-4)
 
 
-def test_one_token_form_batched_continues_the_chunked_form():
+@pytest.mark.parametrize("invariant", [False, True])
+def test_one_token_form_batched_continues_the_chunked_form(invariant):
     """Three sequences' prompts but the last token in the chunked form, then
-    their last tokens together in the one-token form."""
+    their last tokens together in the one-token form (batched matrix
+    products, or the batch-invariant elementwise form)."""
     seqs = [_inputs(n, 10 + n) for n in (7, 20, 3)]
     a, d = seqs[0][2], seqs[0][5]  # one layer: A and D shared by the sequences
     refs = [_loop(x, dt, a, b, c, d, st) for x, dt, _, b, c, _, st in seqs]
@@ -62,7 +65,34 @@ def test_one_token_form_batched_continues_the_chunked_form():
         states.append(s)
     batched = torch.stack(states)
     last = [torch.stack([q[i][-1] for q in seqs]) for i in range(5)]
-    outs = ssd_step(last[0], last[1], a, last[3], last[4], d, batched)
+    outs = ssd_step(last[0], last[1], a, last[3], last[4], d, batched, invariant)
     for i, (ref, ref_state) in enumerate(refs):
         torch.testing.assert_close(outs[i].double(), ref[-1], rtol=0, atol=1e-4)
         torch.testing.assert_close(batched[i].double(), ref_state, rtol=0, atol=1e-4)
+
+
+def test_core_state_update_matches_the_recurrence_in_place_on_slots():
+    """The core's one-pass update (kernels.mamba2_state_update) on three
+    sequences whose states lie in slots 4, 0 and 2 of six: their outputs and
+    new states as the float64 loop's; the other slots untouched; a repeated
+    slot refused."""
+    from paternoster import kernels
+
+    seqs = [_inputs(1, 30 + i) for i in range(3)]
+    a, d = seqs[0][2], seqs[0][5]
+    slots = torch.tensor([4, 0, 2])
+    pool = torch.randn(6, 4, 8, 16, generator=torch.Generator().manual_seed(1))
+    for i, s in enumerate(slots.tolist()):
+        pool[s] = seqs[i][6]
+    before = pool.clone()
+    last = [torch.stack([q[i][0] for q in seqs]) for i in range(5)]
+    out = kernels.mamba2_state_update(pool, slots, last[0], last[1], a, last[3], last[4], d)
+    for i, s in enumerate(slots.tolist()):
+        x, dt, _, b, c, _, st = seqs[i]
+        ref, ref_state = _loop(x, dt, a, b, c, d, st)
+        torch.testing.assert_close(out[i].double(), ref[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(pool[s].double(), ref_state, rtol=0, atol=1e-5)
+    assert torch.equal(pool[[1, 3, 5]], before[[1, 3, 5]])
+    with pytest.raises(ValueError, match="repeated"):
+        kernels.mamba2_state_update(pool, torch.tensor([1, 1, 2]), last[0], last[1], a, last[3],
+                                    last[4], d)

@@ -166,23 +166,35 @@ def ssd_chunk_scan(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.
 
 
 def ssd_step(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-             c: torch.Tensor, d: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+             c: torch.Tensor, d: torch.Tensor, states: torch.Tensor,
+             invariant: bool = False) -> torch.Tensor:
     """One token of the recurrence for each of ``B`` sequences.
 
     Args:
         x: ``[B, H, P]``; dt: float32 ``[B, H]``; a, d: ``[H]``;
-        b, c: ``[B, G, N]``; states: float32 ``[B, H, P, N]`` (gathered from
-            the slots; updated in place).
+        b, c: ``[B, G, N]``; states: contiguous float32 ``[B, H, P, N]``
+            (the slots' rows, gathered or a view; updated in place).
+        invariant: elementwise ops only, transcendental ones row by row, so
+            a sequence's bits do not depend on ``B`` (else the write and the
+            read-out are batched matrix products, two passes over the state).
     Returns:
         float32 ``[B, H, P]``.
     """
-    heads = x.shape[1]
+    batch, heads, p = x.shape
+    n = states.shape[-1]
     xf = x.float()
     bh, ch = _per_head(b.float(), heads), _per_head(c.float(), heads)  # [B, H, N]
-    s = states * (dt * a).exp()[..., None, None]
-    s = s + (dt[..., None] * xf)[..., None] * bh[:, :, None, :]
-    states.copy_(s)
-    return (s * ch[:, :, None, :]).sum(dim=-1) + d.float()[:, None] * xf
+    decay = rowwise(torch.exp, dt * a, invariant)
+    if invariant:
+        s = states * decay[..., None, None] + (dt[..., None] * xf)[..., None] * bh[:, :, None, :]
+        states.copy_(s)
+        return (s * ch[:, :, None, :]).sum(dim=-1) + d.float()[:, None] * xf
+    states.mul_(decay[..., None, None])
+    flat = states.view(batch * heads, p, n)
+    flat.baddbmm_((dt[..., None] * xf).reshape(batch * heads, p, 1),
+                  bh.reshape(batch * heads, 1, n))
+    y = torch.bmm(flat, ch.reshape(batch * heads, n, 1)).view(batch, heads, p)
+    return y + d.float()[:, None] * xf
 
 
 class Mamba2Mixer(nn.Module):
@@ -256,11 +268,12 @@ class Mamba2Mixer(nn.Module):
                 conv_state[sp.slot].zero_()
                 ssm_state[sp.slot].zero_()
             if self.invariant:  # the one-token forms for every token (as Gated DeltaNet)
-                conv, ssm = conv_state[sp.slot : sp.slot + 1], ssm_state[sp.slot : sp.slot + 1]
+                conv = conv_state[sp.slot : sp.slot + 1]
+                slot = torch.tensor([sp.slot], device=x.device)
                 for t in range(sp.lo, sp.hi):
                     xt, bt, ct = self._split(causal_conv1d_step(
                         xbc[t : t + 1], conv, self.conv_weight, self.conv_bias))
-                    y[t : t + 1] = ssd_step(xt, dt[t : t + 1], a, bt, ct, self.D, ssm)
+                    y[t : t + 1] = self._ssm_step(ssm_state, slot, xt, dt[t : t + 1], a, bt, ct)
                 continue
             xs, bs, cs = self._split(causal_conv1d(xbc[sp.lo:sp.hi], conv_state[sp.slot],
                                                    self.conv_weight, self.conv_bias))
@@ -273,11 +286,26 @@ class Mamba2Mixer(nn.Module):
             xs, bs, cs = self._split(causal_conv1d_step(xbc.index_select(0, rows), conv,
                                                         self.conv_weight, self.conv_bias))
             conv_state.index_copy_(0, slots, conv)
-            ssm = ssm_state.index_select(0, slots)
-            y.index_copy_(0, rows, ssd_step(xs, dt.index_select(0, rows), a, bs, cs, self.D, ssm))
-            ssm_state.index_copy_(0, slots, ssm)
+            y.index_copy_(0, rows, self._ssm_step(ssm_state, slots, xs, dt.index_select(0, rows),
+                                                  a, bs, cs))
         out = self._gated_norm(y.reshape(x.shape[0], s.inner), z).to(x.dtype)
         return kernels.linear(out, self.out_weight, self.out_bias, invariant=self.invariant)
+
+    def _ssm_step(self, ssm_state: torch.Tensor, slots: torch.Tensor, xs: torch.Tensor,
+                  dt: torch.Tensor, a: torch.Tensor, bs: torch.Tensor,
+                  cs: torch.Tensor) -> torch.Tensor:
+        """One token of each of the sequences in ``slots`` (int64 ``[B]``):
+        float32 ``[B, H, P]``. On the CPU the core's update, in place on the
+        slots, one pass over each state; elsewhere :func:`ssd_step` on the
+        gathered states, written back."""
+        if ssm_state.device.type == "cpu":
+            f = lambda t: t.float().contiguous()  # noqa: E731
+            return kernels.mamba2_state_update(ssm_state, slots, f(xs), dt.contiguous(), a,
+                                               f(bs), f(cs), f(self.D))
+        ssm = ssm_state.index_select(0, slots)
+        out = ssd_step(xs, dt, a, bs, cs, self.D, ssm, self.invariant)
+        ssm_state.index_copy_(0, slots, ssm)
+        return out
 
     def _split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Conv output ``[n, C]`` -> x ``[n, H, P]``, B and C ``[n, G, N]``."""

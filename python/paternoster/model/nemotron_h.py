@@ -153,6 +153,7 @@ class NemotronHForCausalLM(HybridWeights, nn.Module):
     """
 
     fused_steps = False
+    torch_ops_elementwise = True
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
                  max_positions: int | None = None, batch_invariant: bool = False) -> None:
