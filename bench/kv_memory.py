@@ -1,7 +1,7 @@
 """KV cache bytes one request holds at a long context: KV cache groups
 (sliding-window layers release what falls out of their window;
-linear-attention layers hold one fixed-size recurrent state) against a
-full-attention allocation of every layer, for real model shapes.
+recurrent layers hold one fixed-size state) against a
+full-attention allocation of every token-mixing layer, for real model shapes.
 
 For each shape the per-layer windows come from the transformers config class
 (``layer_types`` / ``sliding_window``), the layout from
@@ -33,6 +33,7 @@ def shapes() -> dict[str, object]:
     from transformers import (
         Exaone4Config,
         Gemma3TextConfig,
+        Lfm2Config,
         Ministral3Config,
         MistralConfig,
         Olmo3Config,
@@ -74,14 +75,33 @@ def shapes() -> dict[str, object]:
         # mistralai/Ministral-3-8B: 34 layers, 8 KV heads of 128, no window.
         "Ministral 3 8B": Ministral3Config(num_hidden_layers=34, num_key_value_heads=8,
                                            head_dim=128),
+        # LiquidAI/LFM2-1.2B: 16 layers, 6 attention (8 KV heads of 64), 10 short-conv.
+        "LFM2 1.2B": Lfm2Config(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                                num_key_value_heads=8, full_attn_idxs=[2, 5, 8, 10, 12, 14]),
+        # bench/shapes.py's 4B Nemotron-H (26 Mamba2, 22 MLP, 4 attention
+        # layers of 8 KV heads of 128) and 1.5B Granite 4.0-H (36 Mamba2, 4
+        # attention of 4 KV heads of 128).
+        "Nemotron-H 4B shape": _shape("nemotron-h-4b"),
+        "Granite 4.0-H 1B shape": _shape("granite-4.0-h-1b"),
     }
+
+
+def _shape(name: str):
+    """The config of a bench/shapes.py shape."""
+    import transformers
+
+    from paternoster.bench.shapes import SHAPES
+
+    cls_name, kwargs = SHAPES[name]
+    return getattr(transformers, cls_name)(**kwargs)
 
 
 def request_bytes(cfg, context: int, chunk: int, decode: int, block_size: int,
                   elem: int = 2) -> tuple[int, int, KVCacheLayout]:
-    """(bytes with KV cache groups, bytes with every layer full, layout) for one
-    request of ``context`` prompt tokens and ``decode`` generated ones."""
-    windows = layer_windows(cfg)
+    """(bytes with KV cache groups, bytes with every token-mixing layer full
+    attention, layout) for one request of ``context`` prompt tokens and
+    ``decode`` generated ones (Nemotron-H's MLP-only blocks hold no cache in
+    either)."""
     layout = kv_cache_layout(cfg)
     hkv = cfg.num_key_value_heads
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -99,7 +119,8 @@ def request_bytes(cfg, context: int, chunk: int, decode: int, block_size: int,
     if layout.num_recurrent_layers:
         grouped += layout.num_recurrent_layers * recurrent_state.slot_bytes(
             cfg, torch.bfloat16 if elem == 2 else torch.float32)
-    full = len(windows) * -(-(context + decode) // block_size) * per_layer_block
+    mixers = sum(1 for g in layout.layer_groups if g >= 0)  # MLP-only blocks hold nothing
+    full = mixers * -(-(context + decode) // block_size) * per_layer_block
     return grouped, full, layout
 
 
@@ -112,14 +133,15 @@ def main() -> None:
     args = p.parse_args()
     print(f"one request: {args.context}-token prompt in {args.chunk}-token chunks, "
           f"{args.decode} decode steps, blocks of {args.block_size}, bfloat16 KV\n")
-    print("| model shape | layers (windowed or linear) | groups x slots | KV cache groups MiB | "
-          "all layers full MiB | saving |")
+    print("| model shape | token-mixing layers (windowed or recurrent) | groups x slots | "
+          "KV cache groups MiB | all layers full MiB | saving |")
     print("|---|---|---|---:|---:|---:|")
     for name, cfg in shapes().items():
         grouped, full, layout = request_bytes(cfg, args.context, args.chunk, args.decode,
                                               args.block_size)
         windowed = sum(1 for w in layer_windows(cfg) if w) + layout.num_recurrent_layers
-        print(f"| {name} | {len(layout.layer_groups)} ({windowed}) | "
+        mixers = sum(1 for g in layout.layer_groups if g >= 0)
+        print(f"| {name} | {mixers} ({windowed}) | "
               f"{layout.num_groups} x {layout.num_slots} | {grouped / 2**20:.0f} | "
               f"{full / 2**20:.0f} | {full / grouped:.2f}x |")
 
