@@ -547,26 +547,33 @@ PYBIND11_MODULE(_core, m) {
 
   // Routed experts in one call (see paternoster/moe.h).
   py::class_<MoeExperts>(m, "MoeExperts",
-                         "Routed SwiGLU experts run in one call on raw pointers.")
+                         "Routed experts run in one call on raw pointers.")
       .def(py::init([](int64_t hidden_size, int64_t intermediate_size,
                                    int64_t num_experts, int64_t top_k, bool norm_topk_prob,
                                    DType dtype, const PartTuples& router,
                                    const PartTuples& gate_up, const PartTuples& down,
                                    uintptr_t router_bias,
                                    uintptr_t gate_up_bias, uintptr_t down_bias, int activation,
-                                   float alpha, float limit) {
+                                   float alpha, float limit, bool sigmoid,
+                                   uintptr_t selection_bias, float norm_eps, float scaling,
+                                   int64_t groups, int64_t topk_groups) {
              const MoeBiases biases{ptr<const void>(router_bias), ptr<const void>(gate_up_bias),
                                     ptr<const void>(down_bias)};
+             const MoeRouting routing{sigmoid, ptr<const float>(selection_bias), norm_eps,
+                                      scaling, groups, topk_groups};
              return new MoeExperts(hidden_size, intermediate_size, num_experts, top_k,
                                    norm_topk_prob, dtype, weight_parts(router),
                                    weight_parts(gate_up), weight_parts(down), biases,
-                                   static_cast<MoeActivation>(activation), alpha, limit);
+                                   static_cast<MoeActivation>(activation), alpha, limit,
+                                   routing);
            }),
            py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("num_experts"),
            py::arg("top_k"), py::arg("norm_topk_prob"), py::arg("dtype"), py::arg("router"),
            py::arg("gate_up"), py::arg("down"), py::arg("router_bias") = 0,
            py::arg("gate_up_bias") = 0, py::arg("down_bias") = 0, py::arg("activation") = 0,
-           py::arg("alpha") = 0.0f, py::arg("limit") = 0.0f)
+           py::arg("alpha") = 0.0f, py::arg("limit") = 0.0f, py::arg("sigmoid") = false,
+           py::arg("selection_bias") = 0, py::arg("norm_eps") = 0.0f,
+           py::arg("scaling") = 1.0f, py::arg("groups") = 1, py::arg("topk_groups") = 1)
       .def(
           "_forward_ptr",
           [](const MoeExperts& e, uintptr_t out, uintptr_t x, int64_t num_tokens,

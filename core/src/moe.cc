@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -108,16 +109,91 @@ void moe_route(float* weights, int32_t* experts, const float* logits, int64_t nu
   }
 }
 
+void moe_route_sigmoid(float* weights, int32_t* experts, const float* logits, int64_t num_tokens,
+                       int64_t num_experts, int64_t top_k, bool renormalize,
+                       const MoeRouting& r) {
+  const int64_t E = num_experts;
+  if (top_k < 1 || top_k > E) {
+    fail("top_k must be in [1, " + std::to_string(E) + "], got " + std::to_string(top_k));
+  }
+  if (r.groups < 1 || E % r.groups || r.topk_groups < 1 || r.topk_groups > r.groups) {
+    fail("moe routing: n_group must divide the " + std::to_string(E) +
+         " experts and topk_group be in [1, n_group], got n_group " + std::to_string(r.groups) +
+         ", topk_group " + std::to_string(r.topk_groups));
+  }
+  const int64_t per_group = E / r.groups;
+  if (r.groups > 1 && (per_group < 2 || r.topk_groups * per_group < top_k)) {
+    fail("moe routing: groups of " + std::to_string(per_group) + " experts, " +
+         std::to_string(r.topk_groups) + " of them, cannot give top_k " + std::to_string(top_k));
+  }
+  if (num_tokens < 0) fail("num_tokens must be >= 0");
+  if (num_tokens > 0 && (!weights || !experts || !logits)) fail("moe_route: null pointer");
+  std::vector<float> score(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
+  std::vector<int32_t> order(static_cast<size_t>(E)), gorder(static_cast<size_t>(r.groups));
+  std::vector<float> gscore(static_cast<size_t>(r.groups));
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* l = logits + t * E;
+    for (int64_t e = 0; e < E; ++e) {
+      score[e] = 1.0f / (1.0f + std::exp(-l[e]));
+      choice[e] = score[e] + (r.selection_bias ? r.selection_bias[e] : 0.0f);
+    }
+    if (r.groups > 1) {
+      for (int64_t g = 0; g < r.groups; ++g) {
+        float a = neg_inf, b = neg_inf;  // the group's two best
+        for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+          if (choice[e] > a) {
+            b = a;
+            a = choice[e];
+          } else if (choice[e] > b) {
+            b = choice[e];
+          }
+        }
+        gscore[g] = a + b;
+        gorder[g] = static_cast<int32_t>(g);
+      }
+      std::partial_sort(gorder.begin(), gorder.begin() + r.topk_groups, gorder.end(),
+                        [&](int32_t a, int32_t b) {
+                          return gscore[a] > gscore[b] || (gscore[a] == gscore[b] && a < b);
+                        });
+      std::vector<bool> keep(static_cast<size_t>(r.groups), false);
+      for (int64_t i = 0; i < r.topk_groups; ++i) keep[gorder[i]] = true;
+      for (int64_t e = 0; e < E; ++e) {
+        if (!keep[e / per_group]) choice[e] = neg_inf;
+      }
+    }
+    for (int64_t e = 0; e < E; ++e) order[e] = static_cast<int32_t>(e);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [&](int32_t a, int32_t b) {
+                        return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
+                      });
+    float sum = 0.0f;
+    for (int64_t s = 0; s < top_k; ++s) {
+      weights[t * top_k + s] = score[order[s]];
+      experts[t * top_k + s] = order[s];
+      sum += score[order[s]];
+    }
+    const float div = renormalize ? sum + r.norm_eps : 1.0f;
+    for (int64_t s = 0; s < top_k; ++s) {
+      weights[t * top_k + s] = weights[t * top_k + s] / div * r.scaling;
+    }
+  }
+}
+
 MoeExperts::MoeExperts(int64_t hidden_size, int64_t intermediate_size, int64_t num_experts,
                        int64_t top_k, bool norm_topk_prob, DType dtype,
                        std::vector<WeightPart> router, std::vector<WeightPart> gate_up,
                        std::vector<WeightPart> down, MoeBiases biases,
-                       MoeActivation activation, float alpha, float limit)
+                       MoeActivation activation, float alpha, float limit, MoeRouting routing)
     : hidden_(hidden_size), inter_(intermediate_size), num_experts_(num_experts),
-      top_k_(top_k), norm_topk_prob_(norm_topk_prob), dtype_(dtype), biases_(biases),
+      top_k_(top_k),
+      up_rows_(activation == MoeActivation::kReluSquared ? intermediate_size
+                                                         : 2 * intermediate_size),
+      routing_(routing), norm_topk_prob_(norm_topk_prob), dtype_(dtype), biases_(biases),
       activation_(activation), alpha_(alpha), limit_(limit), router_(std::move(router)) {
   dtype_size(dtype);
-  if (activation_ != MoeActivation::kSwiGLU && activation_ != MoeActivation::kClampedSwiGLU) {
+  if (activation_ != MoeActivation::kSwiGLU && activation_ != MoeActivation::kClampedSwiGLU &&
+      activation_ != MoeActivation::kReluSquared) {
     fail("MoeExperts: unknown activation " + std::to_string(static_cast<int>(activation_)));
   }
   if (activation_ == MoeActivation::kClampedSwiGLU && !(limit_ > 0.0f)) {
@@ -131,10 +207,17 @@ MoeExperts::MoeExperts(int64_t hidden_size, int64_t intermediate_size, int64_t n
          std::to_string(top_k_));
   }
   check_parts(router_, "router", num_experts_, hidden_, dtype_);
-  check_parts(gate_up, "gate_up", num_experts_ * 2 * inter_, hidden_, dtype_);
+  check_parts(gate_up, "gate_up", num_experts_ * up_rows_, hidden_, dtype_);
   check_parts(down, "down", num_experts_ * hidden_, inter_, dtype_);
+  if (routing_.sigmoid) {  // the routing's own checks, before any call
+    std::vector<float> w(static_cast<size_t>(top_k_));
+    std::vector<int32_t> ids(static_cast<size_t>(top_k_));
+    std::vector<float> zeros(static_cast<size_t>(num_experts_), 0.0f);
+    moe_route_sigmoid(w.data(), ids.data(), zeros.data(), 1, num_experts_, top_k_, false,
+                      routing_);
+  }
   for (int64_t e = 0; e < num_experts_; ++e) {
-    gate_up_.push_back(slice(gate_up, e * 2 * inter_, 2 * inter_, hidden_));
+    gate_up_.push_back(slice(gate_up, e * up_rows_, up_rows_, hidden_));
     down_.push_back(slice(down, e * hidden_, hidden_, inter_));
   }
 }
@@ -142,6 +225,13 @@ MoeExperts::MoeExperts(int64_t hidden_size, int64_t intermediate_size, int64_t n
 void MoeExperts::activate(void* act, const void* gate_up, int64_t rows) const {
   if (activation_ == MoeActivation::kSwiGLU) {
     silu_and_mul(act, gate_up, rows, inter_, dtype_);
+    return;
+  }
+  if (activation_ == MoeActivation::kReluSquared) {
+    for (int64_t i = 0; i < rows * inter_; ++i) {
+      const float u = std::max(load(gate_up, i, dtype_), 0.0f);
+      store(act, i, u * u, dtype_);
+    }
     return;
   }
   const int64_t I = inter_;
@@ -169,7 +259,13 @@ void MoeExperts::forward(void* out, const void* x, int64_t num_tokens,
   auto at = [elem](const void* base, int64_t index) -> const void* {
     return base ? static_cast<const uint8_t*>(base) + index * elem : nullptr;
   };
-  moe_route(weights.data(), experts.data(), logits.data(), T, E, k, norm_topk_prob_);
+  if (routing_.sigmoid) {
+    moe_route_sigmoid(weights.data(), experts.data(), logits.data(), T, E, k, norm_topk_prob_,
+                      routing_);
+  } else {
+    moe_route(weights.data(), experts.data(), logits.data(), T, E, k, norm_topk_prob_);
+  }
+  const int64_t U = up_rows_;
 
   std::vector<float> acc(static_cast<size_t>(T * H), 0.0f);
   auto add = [&](int64_t t, const float* y, float w) {
@@ -191,11 +287,11 @@ void MoeExperts::forward(void* out, const void* x, int64_t num_tokens,
       const auto& p = gate_up_[experts[s]];
       parts.insert(parts.end(), p.begin(), p.end());
       if (biases_.gate_up) {
-        const auto* b = static_cast<const uint8_t*>(at(biases_.gate_up, experts[s] * 2 * I));
-        bias.insert(bias.end(), b, b + 2 * I * elem);
+        const auto* b = static_cast<const uint8_t*>(at(biases_.gate_up, experts[s] * U));
+        bias.insert(bias.end(), b, b + U * elem);
       }
     }
-    gu.resize(static_cast<size_t>(k * 2 * I * elem));
+    gu.resize(static_cast<size_t>(k * U * elem));
     act.resize(static_cast<size_t>(k * I * elem));
     y.resize(static_cast<size_t>(H));
     linear_parts(gu.data(), dt, x, dt, parts.data(), static_cast<int64_t>(parts.size()),
@@ -223,7 +319,7 @@ void MoeExperts::forward(void* out, const void* x, int64_t num_tokens,
       const int64_t n = start[e + 1] - start[e];
       if (n == 0) continue;
       xe.resize(static_cast<size_t>(n * H * elem));
-      gu.resize(static_cast<size_t>(n * 2 * I * elem));
+      gu.resize(static_cast<size_t>(n * U * elem));
       act.resize(static_cast<size_t>(n * I * elem));
       y.resize(static_cast<size_t>(n * H));
       const int64_t* ps = pairs.data() + start[e];
@@ -234,7 +330,7 @@ void MoeExperts::forward(void* out, const void* x, int64_t num_tokens,
       const auto& g = gate_up_[e];
       const auto& d = down_[e];
       linear_parts(gu.data(), dt, xe.data(), dt, g.data(), static_cast<int64_t>(g.size()),
-                   at(biases_.gate_up, e * 2 * I), n, H, batch_invariant);
+                   at(biases_.gate_up, e * U), n, H, batch_invariant);
       activate(act.data(), gu.data(), n);
       linear_parts(y.data(), DType::kFloat32, act.data(), dt, d.data(),
                    static_cast<int64_t>(d.size()), at(biases_.down, e * H), n, I, batch_invariant);

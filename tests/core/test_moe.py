@@ -94,6 +94,16 @@ def test_bad_top_k_is_refused(top_k):
         CpuMoeExperts(router, gate_up, down, H, INTER, E, top_k, True, torch.float32)
 
 
+@pytest.mark.parametrize(("groups", "topk_groups"), [(3, 1), (4, 5), (4, 0), (8, 1)])
+def test_bad_expert_groups_are_refused(groups, topk_groups):
+    """n_group must divide the experts, topk_group lie in [1, n_group], and
+    the kept groups hold at least top_k experts of two or more per group."""
+    router, gate_up, down = _dense(torch.float32, 0)
+    with pytest.raises(ValueError, match="routing"):
+        CpuMoeExperts(router, gate_up, down, H, INTER, E, K, True, torch.float32,
+                      sigmoid_routing=(None, 0.0, 1.0, groups, topk_groups))
+
+
 def test_wrong_rows_are_refused():
     router, gate_up, down = _dense(torch.float32, 0)
     with pytest.raises(ValueError, match="gate_up parts hold"):

@@ -146,6 +146,12 @@ def test_moe_routing_uses_the_bias_to_choose_and_the_scores_to_weigh(lfm2):
     assert torch.equal(experts, ref_e)
     torch.testing.assert_close(weights, ref_w, rtol=0, atol=1e-6)
     assert not torch.equal(experts.sort().values, unbiased.sort().values)
+    # The whole block as one call into the core (its own sigmoid routing).
+    few = x[:5]
+    assert ours.core_experts(few.shape[0]) is not None
+    with torch.no_grad():
+        ref = theirs(few[None])[0]
+    torch.testing.assert_close(ours(few), ref, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -155,3 +155,22 @@ def test_group_limited_routing_matches_hf_router(nemotron):
     torch.testing.assert_close(weights.gather(1, order), ref_w.gather(1, ref_order),
                                rtol=0, atol=1e-6)
     assert not torch.equal(experts.sort().values, unlimited.sort().values)
+
+
+def test_routed_relu2_experts_in_one_core_call_match_hf(nemotron):
+    """The routed experts as one call into the core (sigmoid routing with
+    the group limit and the correction bias, non-gated relu² experts)
+    against HF's router and experts on the same hidden states."""
+    kind, path, hf = nemotron
+    if kind != "nemotron_3":
+        pytest.skip("the MoE model")
+    runner = ModelRunner(ModelConfig(model=str(path), dtype="float32"),
+                         CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=16), max_num_seqs=1)
+    ours = runner.model.layers[1].mixer.experts
+    theirs = hf.model.layers[1].mixer
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(4))
+    assert ours.core_experts(x.shape[0]) is not None
+    with torch.no_grad():
+        _, w, ids = theirs.gate(x)
+        ref = theirs.experts(x, ids, w)
+    torch.testing.assert_close(ours(x), ref, rtol=0, atol=1e-5)

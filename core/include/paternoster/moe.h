@@ -1,6 +1,7 @@
 // Routed mixture-of-experts feed-forward block on the CPU (Shazeer et al.
 // 2017, "Outrageously Large Neural Networks"; top-k softmax routing as in
-// Mixtral, Jiang et al. 2024, and Qwen3-MoE): each token goes to its top_k
+// Mixtral, Jiang et al. 2024, and Qwen3-MoE, or sigmoid routing as in
+// DeepSeek-V3, MoeRouting): each token goes to its top_k
 // highest-scoring experts, each a SwiGLU MLP, and their outputs are summed
 // with the routing weights. One call runs the router, the routing and every
 // expert through the core's kernels (linear.h, fused_ops.h), so a host pays
@@ -45,11 +46,39 @@ namespace paternoster {
 void moe_route(float* weights, int32_t* experts, const float* logits, int64_t num_tokens,
                int64_t num_experts, int64_t top_k, bool renormalize);
 
-// An expert's gating of its gate/up projection [n, 2I] (gate columns, then up):
+// Sigmoid routing (DeepSeek-V3, arXiv:2412.19437; LFM2-MoE; Nemotron-H):
+// scores = sigmoid(logits); the top_k experts by score + selection_bias[e]
+// (bias null: none), only among the experts of the topk_groups best of
+// `groups` equal groups when groups > 1 (a group's score: its two best biased
+// scores summed; DeepSeek-V3's node-limited routing); weights = the chosen
+// experts' scores, divided by (their sum + norm_eps) when renormalize, times
+// scaling. Slots in descending biased score (ties: the lower expert first).
+struct MoeRouting {
+  bool sigmoid = false;  // false: moe_route's softmax (the other fields unused)
+  const float* selection_bias = nullptr;  // [E] float32, or null
+  float norm_eps = 0.0f;
+  float scaling = 1.0f;
+  int64_t groups = 1;
+  int64_t topk_groups = 1;
+};
+
+// The routing above for one step's tokens: logits [T, E] float32 -> weights
+// [T, top_k] float32 and experts [T, top_k]. Throws std::invalid_argument for
+// top_k outside [1, E], groups not dividing E (or < 1), topk_groups outside
+// [1, groups], fewer than top_k experts in topk_groups groups, a group of
+// fewer than 2 experts when groups > 1, or a null pointer with T > 0.
+void moe_route_sigmoid(float* weights, int32_t* experts, const float* logits, int64_t num_tokens,
+                       int64_t num_experts, int64_t top_k, bool renormalize,
+                       const MoeRouting& routing);
+
+// An expert's activation of its first projection:
 //   kSwiGLU:        silu(gate) * up                         (Shazeer 2020)
 //   kClampedSwiGLU: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g),
 //                   g = min(gate, limit)          (gpt-oss's reference code)
-enum class MoeActivation : int32_t { kSwiGLU = 0, kClampedSwiGLU = 1 };
+// on [n, 2I] (gate columns, then up); or, for non-gated experts whose first
+// projection is the up rows alone ([n, I]; gate_up then holds [E * I, H]):
+//   kReluSquared:   relu(up)^2                    (Nemotron-H; So et al. 2021)
+enum class MoeActivation : int32_t { kSwiGLU = 0, kClampedSwiGLU = 1, kReluSquared = 2 };
 
 struct MoeBiases {
   const void* router = nullptr;
@@ -67,7 +96,7 @@ class MoeExperts {
              int64_t top_k, bool norm_topk_prob, DType dtype, std::vector<WeightPart> router,
              std::vector<WeightPart> gate_up, std::vector<WeightPart> down,
              MoeBiases biases = {}, MoeActivation activation = MoeActivation::kSwiGLU,
-             float alpha = 0.0f, float limit = 0.0f);
+             float alpha = 0.0f, float limit = 0.0f, MoeRouting routing = {});
 
   // out [T, H] = the block on x [T, H] (see the header comment); out and x
   // must not overlap. Safe to call from several threads at once (scratch is
@@ -78,10 +107,12 @@ class MoeExperts {
   DType dtype() const { return dtype_; }
 
  private:
-  // act [rows, I] = the activation of gate_up [rows, 2I].
+  // act [rows, I] = the activation of gate_up [rows, up_rows_].
   void activate(void* act, const void* gate_up, int64_t rows) const;
 
   int64_t hidden_, inter_, num_experts_, top_k_;
+  int64_t up_rows_;  // rows of an expert's first projection: 2I (gated) or I
+  MoeRouting routing_;
   bool norm_topk_prob_;
   DType dtype_;
   MoeBiases biases_;

@@ -35,7 +35,7 @@ def weight_parts(weight: Weight, dtype: torch.dtype) -> list[tuple[int, object, 
 
 #: The experts' gating functions the core has (``paternoster/moe.h``
 #: MoeActivation): SwiGLU, and gpt-oss's clamped SwiGLU (alpha, limit).
-ACTIVATIONS = {"swiglu": 0, "clamped_swiglu": 1}
+ACTIVATIONS = {"swiglu": 0, "clamped_swiglu": 1, "relu2": 2}
 
 
 class CpuMoeExperts:
@@ -52,7 +52,12 @@ class CpuMoeExperts:
         biases: (router ``[E]``, gate_up ``[E * 2I]``, down ``[E * H]``),
             each in ``dtype`` or None.
         activation: a key of :data:`ACTIVATIONS`, with ``alpha`` and
-            ``limit`` for ``"clamped_swiglu"``.
+            ``limit`` for ``"clamped_swiglu"``; ``"relu2"``: non-gated
+            experts, ``gate_up`` holding only the up rows (``[E * I, H]``).
+        sigmoid_routing: None for softmax top-k, else ``(selection_bias,
+            norm_eps, scaling, groups, topk_groups)`` of the core's sigmoid
+            routing (``selection_bias``: float32 ``[E]`` or None; kept
+            referenced), as :class:`paternoster.model.moe.Routing`.
     Raises:
         ValueError: a bad dtype or activation, a weight of the wrong rows or
             format, or ``top_k`` outside ``[1, num_experts]`` (the core's checks).
@@ -61,16 +66,27 @@ class CpuMoeExperts:
     def __init__(self, router: Weight, gate_up: Weight, down: Weight, hidden: int, inter: int,
                  num_experts: int, top_k: int, norm_topk_prob: bool, dtype: torch.dtype,
                  biases: tuple[torch.Tensor | None, ...] = (None, None, None),
-                 activation: str = "swiglu", alpha: float = 0.0, limit: float = 0.0) -> None:
+                 activation: str = "swiglu", alpha: float = 0.0, limit: float = 0.0,
+                 sigmoid_routing: tuple | None = None) -> None:
         if dtype not in CPU_DTYPES:
             raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        rows = (num_experts, num_experts * 2 * inter, num_experts * hidden)
+        up_rows = inter if activation == "relu2" else 2 * inter
+        rows = (num_experts, num_experts * up_rows, num_experts * hidden)
         for bias, n, name in zip(biases, rows, ("router", "gate_up", "down"), strict=True):
             if bias is not None and check_tensor(bias, f"{name} bias", 1, dtype)[0] != n:
                 raise ValueError(f"{name} bias needs {n} entries, got {bias.shape[0]}")
-        self._keep = (router, gate_up, down, biases)
+        routing: dict = {}
+        if sigmoid_routing is not None:
+            bias, norm_eps, scaling, groups, topk_groups = sigmoid_routing
+            if bias is not None and tuple(check_tensor(bias, "selection_bias", 1,
+                                                       torch.float32)) != (num_experts,):
+                raise ValueError(f"selection_bias needs {num_experts} entries")
+            routing = dict(sigmoid=True, selection_bias=0 if bias is None else bias.data_ptr(),
+                           norm_eps=norm_eps, scaling=scaling, groups=groups,
+                           topk_groups=topk_groups)
+        self._keep = (router, gate_up, down, biases, sigmoid_routing)
         self.core = _core.MoeExperts(
             hidden_size=hidden, intermediate_size=inter, num_experts=num_experts, top_k=top_k,
             norm_topk_prob=norm_topk_prob, dtype=CPU_DTYPES[dtype],
@@ -79,7 +95,7 @@ class CpuMoeExperts:
             router_bias=0 if biases[0] is None else biases[0].data_ptr(),
             gate_up_bias=0 if biases[1] is None else biases[1].data_ptr(),
             down_bias=0 if biases[2] is None else biases[2].data_ptr(),
-            activation=ACTIVATIONS[activation], alpha=alpha, limit=limit)
+            activation=ACTIVATIONS[activation], alpha=alpha, limit=limit, **routing)
         self.dtype, self.hidden = dtype, hidden
 
     def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:

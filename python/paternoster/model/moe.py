@@ -172,24 +172,27 @@ class SparseMoeBlock(nn.Module):
         ``kernels.cpu.DENSE_CORE_MAX_TOKENS`` tokens, or batch-invariant
         mode). Built once per set of weights."""
         activation = self.core_activation()
-        if (activation is None or self.routing.scoring != "softmax"
-                or self.up_rows != 2 * self.inter or self.router_weight.device.type != "cpu"):
+        if activation is None or self.router_weight.device.type != "cpu":
             return None
         weights = (self.router_weight, self.gate_up_weight, self.down_weight)
         quantized = all(isinstance(w, QuantizedWeight | WeightParts) for w in weights[1:])
         if not (quantized or self.invariant or kernels.core_runs_matmuls(num_tokens)):
             return None
         biases = (self.router_bias, self.gate_up_bias, self.down_bias)
-        key = tuple(id(w) for w in (*weights, *biases))
+        key = tuple(id(w) for w in (*weights, *biases, self.selection_bias))
         if getattr(self, "_core_key", None) != key:
             dtype = (self.router_weight.dtype if isinstance(self.router_weight, torch.Tensor)
                      else None)
             self._core = None
             if dtype in CPU_DTYPES:
                 name, alpha, limit = activation
+                r = self.routing
+                sigmoid = None if r.scoring == "softmax" else (
+                    None if self.selection_bias is None else self.selection_bias.float(),
+                    r.norm_eps, r.scaling, r.groups, r.topk_groups)
                 self._core = CpuMoeExperts(*weights, self.hidden, self.inter, self.num_experts,
                                            self.top_k, self.norm_topk_prob, dtype, biases,
-                                           name, alpha, limit)
+                                           name, alpha, limit, sigmoid)
             self._core_key = key
         return self._core
 

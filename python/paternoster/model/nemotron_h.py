@@ -72,6 +72,10 @@ class ReluSquaredExperts(SparseMoeBlock):
         """``[n, I]`` -> ``relu(x)^2``."""
         return relu_squared(gate_up)
 
+    def core_activation(self) -> tuple[str, float, float] | None:
+        """The core's ``relu2`` (non-gated experts)."""
+        return ("relu2", 0.0, 0.0)
+
 
 class NemotronHMoE(nn.Module):
     """Routed relu² experts plus a shared one (HF ``NemotronHMoE``); the
