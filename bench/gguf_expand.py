@@ -65,10 +65,10 @@ def expand_experts(src: Path, dst: Path, experts: int, seed: int = 0) -> Path:
         writer.add_key_value(field.name, value, kind, sub_type=sub)
 
     def per_expert(t) -> bool:
-        return "_exps." in t.name or ".ffn_gate_inp." in t.name
+        return "_exps." in t.name or ".ffn_gate_inp." in t.name or ".exp_probs_b." in t.name
 
     def widened(t) -> np.ndarray:
-        if "_exps." in t.name:
+        if "_exps." in t.name or ".exp_probs_b." in t.name:  # (the selection bias: per expert)
             return np.concatenate([t.data] * reps, axis=0)
         if ".ffn_gate_inp." in t.name:
             shape = (experts, *t.data.shape[1:])

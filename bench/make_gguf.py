@@ -11,9 +11,10 @@ tokenizer is the default model's (SmolLM2's 49k BPE, which the converter
 recognises), its vocabulary padded to the model's size by the converter:
 speed and memory depend on the vocabulary's size, not on its strings. Shapes
 are the published configs' (hidden, layers, heads, widths, vocabulary).
-Qwen3-30B-A3B's BF16 intermediate (61 GB) and gpt-oss-20b's (42 GB) do not
-fit this disk: they are built with 16 and 4 experts per layer and their
-quantized files widened to 128 and 32 (:mod:`gguf_expand`). gpt-oss-20b is
+Qwen3-30B-A3B's BF16 intermediate (61 GB), gpt-oss-20b's (42 GB) and
+LFM2-8B-A1B's (17 GB) do not fit this disk: they are built with 16, 4 and 4
+experts per layer and their quantized files widened to 128, 32 and 32
+(:mod:`gguf_expand`). gpt-oss-20b is
 published as MXFP4 experts with the rest in Q8_0: ``--types MXFP4_MOE``.
 Random weights make near-flat next-token distributions: use these files for
 speed and memory, and for correctness only through measures that do not need
@@ -99,12 +100,23 @@ SHAPES: dict[str, tuple[str, dict]] = {
         block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True,
         tie_word_embeddings=True, max_position_embeddings=128000,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})),
+    # LiquidAI/LFM2-8B-A1B: 24 layers (18 short-conv, 6 attention), the first
+    # two with a dense MLP, the others 32 experts of 1792, 4 per token.
+    "lfm2-8b-a1b": ("Lfm2MoeConfig", dict(
+        hidden_size=2048, intermediate_size=7168, moe_intermediate_size=1792,
+        num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=8,
+        vocab_size=65536, num_experts=32, num_experts_per_tok=4, num_dense_layers=2,
+        layer_types=["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv"
+                     for i in range(24)],
+        conv_L_cache=3, norm_eps=1e-5, tie_word_embeddings=True,
+        max_position_embeddings=128000,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})),
 }
 
 #: Shapes whose BF16 intermediate does not fit this disk: built with this many
 #: experts per layer, converted and quantized, then widened to the real count
 #: (:func:`gguf_expand.expand_experts`; no BF16 file of the real model).
-BUILT_EXPERTS = {"qwen3-30b-a3b": 16, "gpt-oss-20b": 4}
+BUILT_EXPERTS = {"qwen3-30b-a3b": 16, "gpt-oss-20b": 4, "lfm2-8b-a1b": 4}
 
 
 def hf_checkpoint(name: str, out: Path, overrides: dict | None = None) -> Path:
@@ -148,14 +160,21 @@ def convert(name: str, types: list[str]) -> dict[str, Path]:
     todo = [t for t in types if not out[t].is_file()]
     if todo:
         stem = f"{name}-{experts}-experts"
-        small = _convert(name, stem, todo, {"num_local_experts": experts})
+        key = _expert_key(name)
+        small = _convert(name, stem, todo, {key: experts})
         # the narrow model's BF16 file and checkpoint are of no further use: room on disk
         small.pop("BF16").unlink()
         shutil.rmtree(OUT_DIR / name / f"hf-{stem}", ignore_errors=True)
         for t in todo:
-            gguf_expand.expand_experts(small[t], out[t], SHAPES[name][1]["num_local_experts"])
+            gguf_expand.expand_experts(small[t], out[t], SHAPES[name][1][key])
             small[t].unlink()
     return out
+
+
+def _expert_key(name: str) -> str:
+    """The config argument holding shape ``name``'s expert count."""
+    kwargs = SHAPES[name][1]
+    return "num_local_experts" if "num_local_experts" in kwargs else "num_experts"
 
 
 def _convert(name: str, stem: str, types: list[str], overrides: dict) -> dict[str, Path]:
