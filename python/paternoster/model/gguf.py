@@ -50,6 +50,7 @@ from paternoster.model.gguf_file import (
     gguf_reader,
     gguf_shards,
 )
+from paternoster.model.gguf_mamba import MAMBA_ARCHITECTURES, mamba_hybrid_name
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ _NAME_MAP_ARCHITECTURES = ("gemma3", "phi3", "smollm3", "gpt-oss", "olmo2", "exa
                            "mistral3", "lfm2", "lfm2moe")
 #: Architectures whose q/k rows llama.cpp's converter permutes (its LlamaModel
 #: and subclasses with ``undo_permute``).
-_PERMUTED_QK = ("llama", "smollm3", "mistral3")
+_PERMUTED_QK = ("llama", "smollm3", "mistral3", *MAMBA_ARCHITECTURES)
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -137,6 +138,7 @@ def gguf_weights(path: str | Path,
     for t, shard in tensors:
         expert = _expert_tensor(t.name)
         name = (names.get(t.name) if names is not None
+                else mamba_hybrid_name(arch, t.name) if arch in MAMBA_ARCHITECTURES
                 else hybrid_name(t.name) if hybrid else hf_name(t.name))
         if (name is None and expert is None) or _layer_index(t.name) >= layers:
             continue  # e.g. rope_freqs; multi-token-prediction layers past the model's

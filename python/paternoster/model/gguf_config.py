@@ -16,8 +16,10 @@ import numpy as np
 from paternoster.model.gguf_config_keys import (
     Keys,
     exaone4_config,
+    granitehybrid_config,
     lfm2_config,
     mistral3_config,
+    nemotron_h_config,
     olmo2_config,
 )
 from paternoster.model.gguf_file import (
@@ -36,17 +38,23 @@ GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                       "qwen3next": "Qwen3NextForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
                       "qwen35moe": "Qwen3_5MoeForCausalLM", "olmo2": "Olmo2ForCausalLM",
                       "exaone4": "Exaone4ForCausalLM", "mistral3": "Ministral3ForCausalLM",
-                      "lfm2": "Lfm2ForCausalLM", "lfm2moe": "Lfm2MoeForCausalLM"}
+                      "lfm2": "Lfm2ForCausalLM", "lfm2moe": "Lfm2MoeForCausalLM",
+                      "granitehybrid": "GraniteMoeHybridForCausalLM",
+                      "nemotron_h": "NemotronHForCausalLM",
+                      "nemotron_h_moe": "NemotronHForCausalLM"}
 #: The Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5).
 HYBRID_ARCHITECTURES = ("qwen3next", "qwen35", "qwen35moe")
 #: Architectures whose config we build from the keys: transformers' GGUF
 #: support does not know smollm3, and fails on gpt-oss's rope scaling keys
 #: (transformers 5.24 reads a field's first part, its key's length, as the value).
 OWN_CONFIG_ARCHITECTURES = ("smollm3", "gpt-oss", *HYBRID_ARCHITECTURES, "olmo2", "exaone4",
-                            "mistral3", "lfm2", "lfm2moe")
+                            "mistral3", "lfm2", "lfm2moe", "granitehybrid", "nemotron_h",
+                            "nemotron_h_moe")
 #: Configs built by :mod:`paternoster.model.gguf_config_keys`.
 _KEYED_CONFIGS = {"olmo2": olmo2_config, "exaone4": exaone4_config,
-                  "mistral3": mistral3_config, "lfm2": lfm2_config, "lfm2moe": lfm2_config}
+                  "mistral3": mistral3_config, "lfm2": lfm2_config, "lfm2moe": lfm2_config,
+                  "granitehybrid": granitehybrid_config, "nemotron_h": nemotron_h_config,
+                  "nemotron_h_moe": nemotron_h_config}
 
 def load_gguf_config(path: str | Path):
     """The transformers config of a GGUF file (from its metadata).

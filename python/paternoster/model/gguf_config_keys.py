@@ -1,9 +1,10 @@
 """Transformers configs built from the metadata keys llama.cpp's converter
 writes, for the architectures transformers' GGUF support does not map:
 ``olmo2`` (OLMo 2 and OLMo 3), ``exaone4``, ``mistral3`` (Ministral 3),
-``lfm2`` and ``lfm2moe``.
+``lfm2`` and ``lfm2moe``, ``granitehybrid``, ``nemotron_h`` and ``nemotron_h_moe``.
 The keys are those of llama.cpp's ``TextModel.set_gguf_parameters`` and each
-converter's additions (conversion/olmo.py, exaone.py, mistral3.py, lfm2.py).
+converter's additions (conversion/olmo.py, exaone.py, mistral3.py, lfm2.py,
+granite.py, nemotron.py).
 """
 
 from __future__ import annotations
@@ -179,3 +180,111 @@ def lfm2_config(keys: Keys, args: dict):
                          num_dense_layers=keys.need("leading_dense_block_count"),
                          use_expert_bias=True, norm_topk_prob=True,
                          routed_scaling_factor=keys.get_float("expert_weights_scale") or 1.0)
+
+
+def _kv_per_layer(keys: Keys, layers: int) -> list[int]:
+    """``attention.head_count_kv`` per layer (0: no attention), a scalar
+    key repeated.
+
+    Raises:
+        ValueError: neither one value nor one per layer, or no attention layer.
+    """
+    kv = keys.get_ints("attention.head_count_kv") or []
+    if len(kv) == 1:
+        kv = kv * layers
+    if len(kv) != layers or not any(kv):
+        raise ValueError(f"{keys.path}: {keys.arch}.attention.head_count_kv must give each of "
+                         f"the {layers} layers its KV heads (0 without attention), got {kv}")
+    return kv
+
+
+def _mamba2_sizes(keys: Keys) -> tuple[int, int, int, int, int]:
+    """(heads, head size, state size, groups, conv width) from the
+    ``ssm.*`` keys (``time_step_rank`` is the head count, ``inner_size``
+    heads times head size: llama.cpp's Mamba2 reading)."""
+    heads = keys.need("ssm.time_step_rank")
+    return (heads, keys.need("ssm.inner_size") // heads, keys.need("ssm.state_size"),
+            keys.need("ssm.group_count"), keys.need("ssm.conv_kernel"))
+
+
+def granitehybrid_config(keys: Keys, args: dict):
+    """Granite 4.0-H: Mamba2 layers where ``attention.head_count_kv`` is 0;
+    experts where ``expert_count`` > 0, the shared MLP's width
+    ``expert_shared_feed_forward_length``; the multipliers from
+    ``embedding_scale``, ``residual_scale``, ``attention.scale`` and
+    ``logit_scale``; RoPE only where ``rope.scaling.finetuned`` (the
+    converter's flag for it)."""
+    from transformers import GraniteMoeHybridConfig
+
+    layers = args["num_hidden_layers"]
+    kv = _kv_per_layer(keys, layers)
+    heads, head_dim, state, groups, conv = _mamba2_sizes(keys)
+    experts = keys.get_int("expert_count") or 0
+    args.pop("head_dim", None)  # Granite's is hidden / heads
+    args.update(num_key_value_heads=max(kv),
+                layer_types=["full_attention" if n else "linear_attention" for n in kv])
+    finetuned = keys.reader.fields.get(f"{keys.arch}.rope.scaling.finetuned")
+    rope = finetuned is not None and bool(finetuned.parts[finetuned.data[0]][0])
+    shared = keys.get_int("expert_shared_feed_forward_length") or args["intermediate_size"]
+    return GraniteMoeHybridConfig(
+        **args, num_local_experts=experts,
+        num_experts_per_tok=(keys.get_int("expert_used_count") or 1) if experts else 1,
+        shared_intermediate_size=shared, mamba_n_heads=heads, mamba_d_head=head_dim,
+        mamba_d_state=state, mamba_n_groups=groups, mamba_d_conv=conv,
+        mamba_expand=heads * head_dim // args["hidden_size"],
+        embedding_multiplier=keys.get_float("embedding_scale") or 1.0,
+        residual_multiplier=keys.get_float("residual_scale") or 1.0,
+        attention_multiplier=keys.get_float("attention.scale") or 1.0,
+        logits_scaling=keys.get_float("logit_scale") or 1.0,
+        position_embedding_type="rope" if rope else None, rope_parameters=keys.rope())
+
+
+def nemotron_h_config(keys: Keys, args: dict):
+    """Nemotron-H (``nemotron_h``) and Nemotron 3 (``nemotron_h_moe``): each
+    layer's kind from the tensors it has (attention, Mamba2, experts or an
+    MLP; the converter's per-layer ``feed_forward_length`` is all zeros for
+    a dense model read through transformers 5, which it then labels
+    ``nemotron_h_moe``), the MLP's width from its tensor; the experts' group
+    limit, renormalization and scaling from the ``expert_*`` keys.
+
+    Raises:
+        ValueError: a layer with none of the four kinds' tensors.
+    """
+    from transformers import NemotronHConfig
+
+    from paternoster.model.gguf_file import gguf_reader, gguf_shards
+
+    layers = args["num_hidden_layers"]
+    kv = _kv_per_layer(keys, layers)
+    tensors = {t.name: t for shard in gguf_shards(keys.path) for t in gguf_reader(shard).tensors}
+    kinds = (("attn_q.weight", "full_attention"), ("ssm_in.weight", "linear_attention"),
+             ("ffn_up_exps.weight", "moe"), ("ffn_up.weight", "mlp"))
+    types = []
+    for i in range(layers):
+        kind = next((k for t, k in kinds if f"blk.{i}.{t}" in tensors), None)
+        if kind is None:
+            raise ValueError(f"{keys.path}: layer {i} has no attention, Mamba2, expert or MLP "
+                             f"tensors")
+        types.append(kind)
+    mlp = next((tensors[f"blk.{i}.ffn_up.weight"] for i, k in enumerate(types) if k == "mlp"),
+               None)
+    heads, head_dim, state, groups, conv = _mamba2_sizes(keys)
+    eps = keys.get_float("attention.layer_norm_epsilon") or args["rms_norm_eps"]
+    for k in ("num_hidden_layers", "intermediate_size", "rms_norm_eps", "num_key_value_heads"):
+        args.pop(k)
+    extra: dict = {}
+    if "moe" in types:
+        extra = dict(n_routed_experts=keys.need("expert_count"),
+                     num_experts_per_tok=keys.need("expert_used_count"),
+                     moe_intermediate_size=keys.need("expert_feed_forward_length"),
+                     moe_shared_expert_intermediate_size=keys.need(
+                         "expert_shared_feed_forward_length"),
+                     n_group=keys.get_int("expert_group_count") or 1,
+                     topk_group=keys.get_int("expert_group_used_count") or 1,
+                     norm_topk_prob=bool(keys.get_int("expert_weights_norm") or 0),
+                     routed_scaling_factor=keys.get_float("expert_weights_scale") or 1.0)
+    return NemotronHConfig(
+        **args, layers_block_type=types, num_key_value_heads=max(kv),
+        intermediate_size=int(mlp.shape[1]) if mlp is not None else 1,
+        layer_norm_epsilon=eps, mamba_num_heads=heads, mamba_head_dim=head_dim,
+        ssm_state_size=state, n_groups=groups, conv_kernel=conv, **extra)

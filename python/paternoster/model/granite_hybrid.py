@@ -25,7 +25,7 @@ from paternoster import kernels
 from paternoster.model.attention import AttentionMetadata, AttentionOps
 from paternoster.model.kv_layout import KVCacheLayout, kv_cache_layout
 from paternoster.model.llama import LlamaAttention, LlamaMLP, RMSNorm, Rope, embed
-from paternoster.model.llama_weights import layer_name
+from paternoster.model.llama_weights import _expert_target, layer_name
 from paternoster.model.mamba2 import Mamba2Mixer
 from paternoster.model.moe import SparseMoeBlock
 from paternoster.model.nemotron_h import ATTENTION, MAMBA, _attention_table, _mamba_table
@@ -169,7 +169,11 @@ class GraniteMoeHybridForCausalLM(HybridWeights, nn.Module):
                                                      0, h, None),
                  "shared_mlp.input_linear.weight": (mlp, "gate_up_weight", 0, 2 * mlp.inter,
                                                     None),
-                 "shared_mlp.output_linear.weight": (mlp, "down_weight", 0, h, None)}
+                 "shared_mlp.output_linear.weight": (mlp, "down_weight", 0, h, None),
+                 # a GGUF file's, split by the converter
+                 "shared_mlp.gate_proj.weight": (mlp, "gate_up_weight", 0, mlp.inter, None),
+                 "shared_mlp.up_proj.weight": (mlp, "gate_up_weight", mlp.inter, mlp.inter,
+                                               None)}
         prefix = "mamba." if layer.kind == MAMBA else "self_attn."
         mixer = (_mamba_table if layer.kind == MAMBA else _attention_table)(layer.mixer, h)
         table.update({prefix + k: v for k, v in mixer.items()})
@@ -183,6 +187,9 @@ class GraniteMoeHybridForCausalLM(HybridWeights, nn.Module):
                 "block_sparse_moe.output_linear.weight": (e, "down_weight", 0,
                                                           e.num_experts * h, flat)})
         target = table.get(rest)
+        if target is None and e is not None and rest.startswith("mlp.experts."):
+            found = _expert_target(e, rest)  # a GGUF file's, unstacked: mlp.experts.{e}.*_proj
+            target = None if found is None else (*found, None)
         if target is None or getattr(target[0], target[1]) is None:
             return None
         return target

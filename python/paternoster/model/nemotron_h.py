@@ -228,6 +228,8 @@ class NemotronHForCausalLM(HybridWeights, nn.Module):
         layer, rest = self.layers[found[0]], found[1]
         if rest == "norm.weight":
             return layer.norm, "weight", 0, h, None
+        if rest.startswith("mlp.experts.") and layer.kind == MOE:  # a GGUF file's, unstacked
+            return _expert_row(layer.mixer.experts, rest[len("mlp."):])
         if not rest.startswith("mixer."):
             return None
         rest = rest[len("mixer."):]
@@ -243,15 +245,16 @@ class NemotronHForCausalLM(HybridWeights, nn.Module):
 def _mamba_table(m: Mamba2Mixer, h: int) -> dict[str, Target]:
     s = m.shape
     rows = m.in_proj_weight.shape[0]
+    flat = lambda w: w.reshape(-1)  # noqa: E731 - a GGUF file's [H, 1] and [G, I / G]
     return {"in_proj.weight": (m, "in_proj_weight", 0, rows, None),
             "in_proj.bias": (m, "in_proj_bias", 0, rows, None),
             "conv1d.weight": (m, "conv_weight", 0, s.conv_dim,
                               lambda w: w.reshape(w.shape[0], -1)),
             "conv1d.bias": (m, "conv_bias", 0, s.conv_dim, None),
-            "dt_bias": (m, "dt_bias", 0, s.heads, None),
-            "A_log": (m, "A_log", 0, s.heads, None),
-            "D": (m, "D", 0, s.heads, None),
-            "norm.weight": (m, "norm_weight", 0, s.inner, None),
+            "dt_bias": (m, "dt_bias", 0, s.heads, flat),
+            "A_log": (m, "A_log", 0, s.heads, flat),
+            "D": (m, "D", 0, s.heads, flat),
+            "norm.weight": (m, "norm_weight", 0, s.inner, flat),
             "out_proj.weight": (m, "out_weight", 0, h, None),
             "out_proj.bias": (m, "out_bias", 0, h, None)}
 
