@@ -75,3 +75,16 @@ def test_engine_greedy_ids_equal_hf_generate(granite, scheduler, budget, blocks)
     if blocks == 8:
         assert engine.stats()["num_preemptions_total"] > 0
     assert ours == [hf_generate(hf, p, 10) for p in prompts]
+
+
+def test_a_layer_type_of_another_family_is_refused_by_name(tmp_path):
+    """A Granite config naming LFM2's ``conv`` kind: the runner refuses it
+    naming the kinds Granite has, before it lays out the caches."""
+    from paternoster.model.runner import ModelRunner
+
+    model = _build("dense")
+    model.config.layer_types = ["linear_attention", "conv", "full_attention", "linear_attention"]
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="layer types must be 'linear_attention' or"):
+        ModelRunner(ModelConfig(model=str(tmp_path), dtype="float32"),
+                    CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=16))

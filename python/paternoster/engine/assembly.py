@@ -91,8 +91,9 @@ def make_kv_cache_manager(runner: Runner, enable_prefix_caching: bool) -> _core.
     recurrent = list(getattr(runner, "kv_cache_group_recurrent", ()) or ())
     caching = enable_prefix_caching
     if caching and any(recurrent):
-        logger.info("prefix caching off: the model's linear-attention layers keep a "
-                    "recurrent state that is not saved at block boundaries")
+        logger.info("prefix caching off: the model's recurrent layers (linear attention, "
+                    "Mamba2 or short convolutions) keep a state that is not saved at block "
+                    "boundaries")
         caching = False
     return _core.KVCacheManager(
         runner.num_kv_blocks,

@@ -90,9 +90,7 @@ class GraniteMoeHybridForCausalLM(HybridWeights, nn.Module):
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
                  max_positions: int | None = None, batch_invariant: bool = False) -> None:
         super().__init__()
-        types = list(getattr(config, "layers_block_type", None) or config.layer_types)
-        if any(t not in (MAMBA, ATTENTION) for t in types):
-            raise ValueError(f"layer types must be {MAMBA!r} or {ATTENTION!r}, got {types}")
+        types = self.layer_types_of(config)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act must be 'silu', got {config.hidden_act!r}")
         self.config, self.dtype, self.batch_invariant = config, dtype, batch_invariant
@@ -111,6 +109,20 @@ class GraniteMoeHybridForCausalLM(HybridWeights, nn.Module):
                                           or config.max_position_embeddings,
                                           rope_parameters(config), dtype)
         self.set_kv_cache_layout(kv_cache_layout(config))
+
+    @staticmethod
+    def layer_types_of(config) -> list[str]:
+        """Each layer's mixer (``layer_types``; the hub's ``mamba`` /
+        ``attention`` read as transformers maps them).
+
+        Raises:
+            ValueError: a kind other than Mamba2 and full attention.
+        """
+        types = list(getattr(config, "layers_block_type", None) or config.layer_types)
+        if any(t not in (MAMBA, ATTENTION) for t in types):
+            raise ValueError(f"layer types must be {MAMBA!r} or {ATTENTION!r} "
+                             f"(the hub's 'mamba' / 'attention'), got {types}")
+        return types
 
     def set_kv_cache_layout(self, layout: KVCacheLayout) -> None:
         """Give each layer's mixer its KV cache group.

@@ -123,14 +123,23 @@ class Lfm2ForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
                  max_positions: int | None = None, batch_invariant: bool = False) -> None:
+        self.layer_types = self.layer_types_of(config)
+        super().__init__(_Lfm2Config(config, self.adjust_ffn), dtype, ops, max_positions,
+                         batch_invariant)
+
+    @staticmethod
+    def layer_types_of(config) -> list[str]:
+        """Each layer's kind, ``"conv"`` or ``"full_attention"``.
+
+        Raises:
+            ValueError: no ``layer_types``, or one of another kind or length.
+        """
         types = list(getattr(config, "layer_types", None) or ())
         if len(types) != config.num_hidden_layers or any(
                 t not in (CONV, "full_attention") for t in types):
             raise ValueError(f"layer_types must name 'conv' or 'full_attention' for each of "
                              f"the {config.num_hidden_layers} layers, got {types or None}")
-        self.layer_types = types
-        super().__init__(_Lfm2Config(config, self.adjust_ffn), dtype, ops, max_positions,
-                         batch_invariant)
+        return types
 
     def make_layer(self, config, dtype: torch.dtype, ops: AttentionOps, index: int,
                    qkv_bias: bool, o_bias: bool, invariant: bool) -> nn.Module:

@@ -162,10 +162,7 @@ class NemotronHForCausalLM(HybridWeights, nn.Module):
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
                  max_positions: int | None = None, batch_invariant: bool = False) -> None:
         super().__init__()
-        types = list(getattr(config, "layers_block_type", None) or config.layer_types)
-        if any(t not in (MAMBA, ATTENTION, MLP, MOE) for t in types):
-            raise ValueError(f"layer types must be {MAMBA!r}, {ATTENTION!r}, {MLP!r} or "
-                             f"{MOE!r}, got {types}")
+        types = self.layer_types_of(config)
         for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
             if getattr(config, key, want) != want:
                 raise ValueError(f"{key} must be {want!r}, got {getattr(config, key)!r}")
@@ -177,6 +174,19 @@ class NemotronHForCausalLM(HybridWeights, nn.Module):
         self.norm = OlmoRMSNorm(config.hidden_size, config.layer_norm_epsilon, dtype)
         self.lm_head = self.embed_tokens
         self.set_kv_cache_layout(kv_cache_layout(config))
+
+    @staticmethod
+    def layer_types_of(config) -> list[str]:
+        """Each block's mixer (``layers_block_type``).
+
+        Raises:
+            ValueError: a kind other than the four.
+        """
+        types = list(getattr(config, "layers_block_type", None) or config.layer_types)
+        if any(t not in (MAMBA, ATTENTION, MLP, MOE) for t in types):
+            raise ValueError(f"layer types must be {MAMBA!r}, {ATTENTION!r}, {MLP!r} or "
+                             f"{MOE!r}, got {types}")
+        return types
 
     def set_kv_cache_layout(self, layout: KVCacheLayout) -> None:
         """Give each attention and Mamba layer its KV cache group.

@@ -21,6 +21,7 @@ from paternoster.model.loader import (
     dummy_model,
     load_hf_config,
     load_model,
+    model_class,
     resolve_dtype,
 )
 from paternoster.model.parallel.group import TPGroup
@@ -139,6 +140,9 @@ class ModelRunner:
         self._kernel_hints = False  # pass max_query_len/max_seq_len/workspace to the ops
         self.sampler = Sampler()
         self._spin = -1  # kernel threads' polling time last set (_set_spin)
+        check_types = getattr(model_class(cfg), "layer_types_of", None)
+        if check_types is not None:  # a clear error before the layout reads them
+            check_types(cfg)
         self.kv_layout = kv_cache_layout(cfg)
         self.kv_cache_group_windows = self.kv_layout.group_windows
         self.kv_cache_group_recurrent = self.kv_layout.group_recurrent
