@@ -416,11 +416,14 @@ def phase_correctness(report: Report, clock: Clock, device: str = "cuda",
         results[name] = check_model_path(seed0 + 500, device=device,
                                          attn_ops=None if ops is kernels else ops)
         extra.append(name)
-    if clock.left() > 60:
-        name = "hybrid model path vs HF (tiny Qwen3.5" + (", emulated)" if emulated else ")")
-        results[name] = check_hybrid_model_path(seed0 + 600, device=device,
-                                                attn_ops=None if ops is kernels else ops)
-        extra.append(name)
+    for i, family in enumerate(TINY_HYBRIDS):  # each kind of recurrent state
+        if clock.left() > 60:
+            name = f"hybrid model path vs HF (tiny {family}" + (", emulated)" if emulated
+                                                                 else ")")
+            results[name] = check_hybrid_model_path(seed0 + 600 + i, device=device,
+                                                    attn_ops=None if ops is kernels else ops,
+                                                    family=family)
+            extra.append(name)
     for name in extra:
         print(f"[correctness] {name}: {results[name]}", flush=True)
     report.data["correctness"] = results
@@ -597,39 +600,66 @@ TINY_QWEN3_5 = {
     "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "max_position_embeddings": 1024,
     "layer_types": ["linear_attention"] * 3 + ["full_attention"], "pad_token_id": 0,
 }  # fmt: skip
+#: Tiny hybrids, one per kind of recurrent state: (HF class, config class, arguments).
+TINY_HYBRIDS = {
+    "Qwen3.5": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", TINY_QWEN3_5),
+    "LFM2": ("Lfm2ForCausalLM", "Lfm2Config", {
+        "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+        "max_position_embeddings": 1024, "pad_token_id": 0,
+        "layer_types": ["conv", "conv", "full_attention", "conv"]}),
+    # Dense: a routed MoE's choices flip on bf16 rounding against the float32
+    # reference (its experts' path is the CPU tests' torch code).
+    "Nemotron-H": ("NemotronHForCausalLM", "NemotronHConfig", {
+        "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "intermediate_size": 512, "ssm_state_size": 32, "mamba_num_heads": 8,
+        "mamba_head_dim": 64, "n_groups": 2, "conv_kernel": 4, "chunk_size": 64,
+        "vocab_size": 512, "max_position_embeddings": 1024, "pad_token_id": 0,
+        "layers_block_type": ["linear_attention", "mlp", "full_attention",
+                              "linear_attention", "mlp"]}),
+}  # fmt: skip
+
+
+def _tiny_hybrid(family: str):
+    """A tiny random HF model of ``family`` (a key of :data:`TINY_HYBRIDS`)."""
+    import transformers as tf
+
+    cls_name, cfg_name, kwargs = TINY_HYBRIDS[family]
+    model = getattr(tf, cls_name)(getattr(tf, cfg_name)(**kwargs))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if family == "Qwen3.5" and name.endswith("norm.weight") and "linear_attn" not in name:
+                param.uniform_(-0.5, 0.5)  # the 1 + w norms away from their 0 init
+    return model
 
 
 def check_hybrid_model_path(seed: int, steps: int = 8, device: str = "cuda",
-                            attn_ops=None) -> dict:
-    """The GPU model path of a hybrid model: a tiny random Qwen3.5 (three
-    Gated DeltaNet layers, one gated attention layer with partial RoPE) on
-    ``device`` in bf16 (no CUDA graphs: the state update reads the batch on
-    the host), its state slots and blocks from the C++ KV cache manager's
-    recurrent-state group; a prefill step of five sequences (one crossing
-    the delta rule's 64-token chunk) then ``steps`` greedy decode steps,
-    against HF's float32 forward of the same bf16-rounded weights. Logits'
-    relative L2 error per sequence < 5e-2. ``device="cpu"`` with
-    ``attn_ops`` (the emulated CUDA backend) runs it on the CPU emulation."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
+                            attn_ops=None, family: str = "Qwen3.5") -> dict:
+    """The GPU model path of a hybrid model (``family``: Qwen3.5's Gated
+    DeltaNet, LFM2's short convolutions, Nemotron-H's Mamba2 with
+    cacheless MLP blocks; :data:`TINY_HYBRIDS`) on ``device`` in bf16 (no CUDA graphs:
+    the state update reads the batch on the host), its state slots and
+    blocks from the C++ KV cache manager's recurrent-state group; a prefill
+    step of five sequences (one crossing the delta rule's and the scan's
+    64-token chunks) then ``steps`` greedy decode steps, against HF's
+    float32 forward of the same bf16-rounded weights. Logits' relative L2
+    error per sequence < 5e-2. ``device="cpu"`` with ``attn_ops`` (the
+    emulated CUDA backend) runs it on the CPU emulation."""
     from paternoster import _core
     from paternoster.config import CacheConfig, ModelConfig
     from paternoster.model.runner import ModelRunner
 
     torch.manual_seed(seed)
-    hf = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**TINY_QWEN3_5)).to(torch.bfloat16)
-    with torch.no_grad():
-        for name, param in hf.named_parameters():
-            if name.endswith("norm.weight") and "linear_attn" not in name:
-                param.uniform_(-0.5, 0.5)
+    hf = _tiny_hybrid(family).to(torch.bfloat16)
+    vocab = hf.config.vocab_size
     bs = 16
-    with tempfile.TemporaryDirectory(prefix="pn-tiny-qwen3_5-") as model_dir:
+    with tempfile.TemporaryDirectory(prefix="pn-tiny-hybrid-") as model_dir:
         hf.save_pretrained(model_dir)
         runner = ModelRunner(
             ModelConfig(model=model_dir, dtype="bfloat16", device=device),
             CacheConfig(block_size=bs, num_kv_blocks=128), max_num_seqs=8,
             max_num_batched_tokens=2048, attn_ops=attn_ops)
-        ref_model = Qwen3_5ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        ref_model = type(hf).from_pretrained(model_dir, dtype=torch.float32)
     ref_model = ref_model.to(device).eval()
     kv = _core.KVCacheManager(runner.num_kv_blocks, bs,
                               sliding_windows=list(runner.kv_cache_group_windows),
@@ -638,8 +668,7 @@ def check_hybrid_model_path(seed: int, steps: int = 8, device: str = "cuda",
     builder = _core.BatchBuilder(kv)
     g = torch.Generator().manual_seed(seed)
     lens = [5, 70, 200, 17, 1]
-    seqs = [torch.randint(0, TINY_QWEN3_5["vocab_size"], (n,), generator=g).tolist()
-            for n in lens]
+    seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
     ids = np.arange(len(seqs), dtype=np.int64)
     for i, seq in enumerate(seqs):
         builder.add_request(i, np.asarray(seq, np.int64))

@@ -217,13 +217,15 @@ def test_cuda_execute_path_and_padded_decode_graphs_match_hf(hf_and_dir):
         assert err < 5e-2, (i, err)
 
 
-def test_hybrid_model_gpu_path_matches_hf():
-    """Qwen3.5 (Gated DeltaNet + gated attention) on the GPU path's kernels,
-    emulated: bench/gpu_check.py's own check, the one a lent GPU runs."""
+@pytest.mark.parametrize("family", ["Qwen3.5", "LFM2", "Nemotron-H"])
+def test_hybrid_model_gpu_path_matches_hf(family):
+    """Each kind of recurrent state (Qwen3.5's Gated DeltaNet, LFM2's short
+    convolutions, Nemotron-H's Mamba2) on the GPU path's kernels, emulated:
+    bench/gpu_check.py's own check, the one a lent GPU runs."""
     from ..cuda.conftest import load_gpu_check
 
     res = load_gpu_check().check_hybrid_model_path(
-        11, steps=4, device="cpu", attn_ops=kernels.emulated_cuda_backend())
+        11, steps=4, device="cpu", attn_ops=kernels.emulated_cuda_backend(), family=family)
     assert res["ok"], res
 
 

@@ -42,6 +42,8 @@ class Routing:
             of the ``topk_groups`` of ``groups`` equal groups whose two best
             biased scores sum highest (DeepSeek-V3's node-limited routing,
             arXiv:2412.19437; Nemotron-H's MoE); 1, 1: no limit.
+        float32_logits: the router's logits kept in float32, not rounded to
+            the model dtype (Nemotron-H's router; the core's are always).
     """
 
     scoring: str = "softmax"
@@ -50,6 +52,7 @@ class Routing:
     scaling: float = 1.0
     groups: int = 1
     topk_groups: int = 1
+    float32_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.scoring not in ("softmax", "sigmoid"):
@@ -154,8 +157,11 @@ class SparseMoeBlock(nn.Module):
 
     def router_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x ``[T, H]`` -> ``[T, E]`` in x's dtype: ``x @ router_weight.T``
-        (``+ router_bias`` when the block has biases)."""
-        return kernels.linear(x, self.router_weight, self.router_bias, invariant=self.invariant)
+        (``+ router_bias`` when the block has biases); float32 with
+        :attr:`Routing.float32_logits`."""
+        out = torch.float32 if self.routing.float32_logits else None
+        return kernels.linear(x, self.router_weight, self.router_bias, out_dtype=out,
+                              invariant=self.invariant)
 
     def core_activation(self) -> tuple[str, float, float] | None:
         """The core's name (:data:`paternoster.kernels.moe.ACTIVATIONS`), alpha

@@ -88,7 +88,7 @@ class NemotronHMoE(nn.Module):
         latent = getattr(config, "moe_latent_size", None)
         routing = Routing("sigmoid", True, 1e-20, float(config.routed_scaling_factor or 1.0),
                           int(getattr(config, "n_group", 1) or 1),
-                          int(getattr(config, "topk_group", 1) or 1))
+                          int(getattr(config, "topk_group", 1) or 1), float32_logits=True)
         self.experts = ReluSquaredExperts(
             latent or h, config.moe_intermediate_size, config.n_routed_experts,
             config.num_experts_per_tok, bool(config.norm_topk_prob), dtype, invariant,
