@@ -468,6 +468,19 @@ PYBIND11_MODULE(_core, m) {
       py::arg("y"), py::call_guard<py::gil_scoped_release>(),
       "Mamba2's one-token state update in place on the slots (raw data pointers).");
   m.def(
+      "_short_conv_update_ptr",
+      [](uintptr_t conv_state, uintptr_t slots, int64_t batch, int64_t num_slots, int64_t hidden,
+         int64_t kernel, uintptr_t bcx, uintptr_t weight, uintptr_t bias, uintptr_t y,
+         DType dtype) {
+        short_conv_update(ptr<void>(conv_state), ptr<const int64_t>(slots), batch, num_slots,
+                          hidden, kernel, ptr<const void>(bcx), ptr<const void>(weight),
+                          ptr<const void>(bias), ptr<void>(y), dtype);
+      },
+      py::arg("conv_state"), py::arg("slots"), py::arg("batch"), py::arg("num_slots"),
+      py::arg("hidden"), py::arg("kernel"), py::arg("bcx"), py::arg("weight"), py::arg("bias"),
+      py::arg("y"), py::arg("dtype"), py::call_guard<py::gil_scoped_release>(),
+      "LFM2's gated short convolution for one token, in place on the slots.");
+  m.def(
       "_silu_and_mul_ptr",
       [](uintptr_t out, uintptr_t x, int64_t num_tokens, int64_t intermediate_size,
          DType dtype) {

@@ -2,6 +2,7 @@
 // paternoster/ssm.h).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,6 +18,48 @@ namespace {
 
 // Below this many state elements a call runs on the caller alone.
 constexpr int64_t kMinParallelElems = 1 << 16;
+
+float load(const void* p, int64_t i, DType dt) {
+  if (dt == DType::kFloat32) return static_cast<const float*>(p)[i];
+  const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// f rounded to dtype (round to nearest even for bfloat16), as a float.
+float round_to(float f, DType dt) {
+  if (dt == DType::kFloat32) return f;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return f;  // NaN stays NaN
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
+}
+
+void store(void* p, int64_t i, float f, DType dt) {
+  if (dt == DType::kFloat32) {
+    static_cast<float*>(p)[i] = f;
+    return;
+  }
+  uint32_t u;
+  const float r = round_to(f, dt);
+  std::memcpy(&u, &r, sizeof u);
+  static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(u >> 16);
+}
+
+void check_slots(const int64_t* slots, int64_t batch, int64_t num_slots, const char* who) {
+  std::vector<bool> seen(static_cast<size_t>(num_slots), false);
+  for (int64_t b = 0; b < batch; ++b) {
+    if (slots[b] < 0 || slots[b] >= num_slots || seen[slots[b]]) {
+      fail(std::string(who) + ": slot " + std::to_string(slots[b]) + " out of [0, " +
+           std::to_string(num_slots) + ") or repeated");
+    }
+    seen[slots[b]] = true;
+  }
+}
 
 }  // namespace
 
@@ -36,14 +79,7 @@ void mamba2_state_update(float* state, const int64_t* slots, int64_t batch, int6
   if (!state || !slots || !x || !dt || !A || !B || !C || !D || !y) {
     fail("mamba2_state_update: null pointer");
   }
-  std::vector<bool> seen(static_cast<size_t>(num_slots), false);
-  for (int64_t b = 0; b < batch; ++b) {
-    if (slots[b] < 0 || slots[b] >= num_slots || seen[slots[b]]) {
-      fail("mamba2_state_update: slot " + std::to_string(slots[b]) + " out of [0, " +
-           std::to_string(num_slots) + ") or repeated");
-    }
-    seen[slots[b]] = true;
-  }
+  check_slots(slots, batch, num_slots, "mamba2_state_update");
   const int64_t per_group = heads / groups;
   const int64_t head_elems = head_dim * state_size;
   auto one = [&](int64_t item) {
@@ -74,6 +110,50 @@ void mamba2_state_update(float* state, const int64_t* slots, int64_t batch, int6
     return;
   }
   pool.parallel_for(items, one);
+}
+
+void short_conv_update(void* conv_state, const int64_t* slots, int64_t batch, int64_t num_slots,
+                       int64_t hidden, int64_t kernel, const void* bcx, const void* weight,
+                       const void* bias, void* y, DType dtype) {
+  if (batch < 0) fail("short_conv_update: batch must be >= 0, got " + std::to_string(batch));
+  if (hidden <= 0 || num_slots <= 0 || kernel < 2) {
+    fail("short_conv_update: hidden and num_slots must be > 0 and kernel >= 2");
+  }
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    fail("short_conv_update: dtype must be float32 or bfloat16");
+  }
+  if (batch == 0) return;
+  if (!conv_state || !slots || !bcx || !weight || !y) fail("short_conv_update: null pointer");
+  check_slots(slots, batch, num_slots, "short_conv_update");
+  const int64_t H = hidden, K = kernel, S = kernel - 1;
+  auto rows = [&](int64_t lo, int64_t hi) {
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t b = item / H, h = item % H;
+      const int64_t in = b * 3 * H;
+      const float u =
+          round_to(load(bcx, in + h, dtype) * load(bcx, in + 2 * H + h, dtype), dtype);
+      const int64_t st = (slots[b] * H + h) * S;
+      float acc = 0.0f;
+      for (int64_t i = 0; i < S; ++i) {
+        acc += load(weight, h * K + i, dtype) * load(conv_state, st + i, dtype);
+      }
+      acc += load(weight, h * K + S, dtype) * u;
+      if (bias) acc += load(bias, h, dtype);
+      for (int64_t i = 0; i + 1 < S; ++i) {
+        store(conv_state, st + i, load(conv_state, st + i + 1, dtype), dtype);
+      }
+      store(conv_state, st + S - 1, u, dtype);
+      store(y, b * H + h, load(bcx, in + H + h, dtype) * round_to(acc, dtype), dtype);
+    }
+  };
+  const int64_t items = batch * H;
+  ThreadPool& pool = default_thread_pool();
+  if (pool.num_threads() <= 1 || items * K < kMinParallelElems) {
+    rows(0, items);
+    return;
+  }
+  const int64_t parts = pool.num_threads() * 4;
+  pool.parallel_for(parts, [&](int64_t i) { rows(items * i / parts, items * (i + 1) / parts); });
 }
 
 }  // namespace paternoster

@@ -61,7 +61,7 @@ from paternoster.kernels.emulation import cuda_emulation_available, emulated_cud
 from paternoster.kernels.linear import linear
 from paternoster.kernels.moe import CpuMoeExperts, moe_route
 from paternoster.kernels.quant import QUANT_FORMATS, QuantizedWeight, WeightParts
-from paternoster.kernels.ssm import mamba2_state_update
+from paternoster.kernels.ssm import mamba2_state_update, short_conv_update
 
 __all__ = [
     "Backend",
@@ -93,4 +93,5 @@ __all__ = [
     "set_spin_micros",
     "silu_and_mul",
     "mamba2_state_update",
+    "short_conv_update",
 ]

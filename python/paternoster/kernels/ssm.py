@@ -1,6 +1,7 @@
-"""The core's one-token state updates of the recurrent token mixers (CPU):
-Mamba2's selective state update in place on each sequence's state slot, one
-pass over the state (core/include/paternoster/ssm.h)."""
+"""The core's one-token state updates of the recurrent token mixers (CPU),
+in place on each sequence's state slot, one pass over the state
+(core/include/paternoster/ssm.h): Mamba2's selective state update and LFM2's
+gated short convolution."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from paternoster import _core
 from paternoster.kernels.checks import check_tensor
+from paternoster.kernels.cpu import CPU_DTYPES
 
 _CPU = torch.device("cpu")
 
@@ -47,4 +49,41 @@ def mamba2_state_update(state: torch.Tensor, slots: torch.Tensor, x: torch.Tenso
                                    head_dim, groups, n, x.data_ptr(), dt.data_ptr(),
                                    a.data_ptr(), b.data_ptr(), c.data_ptr(), d.data_ptr(),
                                    y.data_ptr())
+    return y
+
+
+def short_conv_update(conv_state: torch.Tensor, slots: torch.Tensor, bcx: torch.Tensor,
+                      weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """LFM2's gated short convolution for one token of each of ``B``
+    sequences, their conv states updated where they lie
+    (:class:`paternoster.model.short_conv.ShortConv`'s arithmetic: ``B x``
+    rounded, the K products summed in float32 and rounded, times ``C``).
+
+    Args:
+        conv_state: ``[num_slots, H, K - 1]``, float32 or bfloat16, contiguous.
+        slots: int64 ``[B]``, distinct, in ``[0, num_slots)``.
+        bcx: ``[B, 3 H]``: B, C, then x (the in-projection), state's dtype.
+        weight: ``[H, K]``; bias: ``[H]`` or None; state's dtype.
+    Returns:
+        ``[B, H]`` in the state's dtype.
+    Raises:
+        ValueError: a tensor of the wrong rank, dtype, device or shape, or
+            not contiguous; a slot out of range or repeated.
+    """
+    dtype = conv_state.dtype
+    if dtype not in CPU_DTYPES:
+        raise ValueError(f"conv_state must be float32 or bfloat16, got {dtype}")
+    num_slots, hidden, window = check_tensor(conv_state, "conv_state", 3, dtype, _CPU)
+    (batch,) = check_tensor(slots, "slots", 1, torch.int64, _CPU)
+    checks = [("bcx", bcx, (batch, 3 * hidden)), ("weight", weight, (hidden, window + 1))]
+    if bias is not None:
+        checks.append(("bias", bias, (hidden,)))
+    for name, t, want in checks:
+        if tuple(check_tensor(t, name, len(want), dtype, _CPU)) != want:
+            raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    y = torch.empty(batch, hidden, dtype=dtype)
+    _core._short_conv_update_ptr(conv_state.data_ptr(), slots.data_ptr(), batch, num_slots,
+                                 hidden, window + 1, bcx.data_ptr(), weight.data_ptr(),
+                                 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+                                 CPU_DTYPES[dtype])
     return y

@@ -78,30 +78,44 @@ class ShortConv(nn.Module):
         """
         (conv_state,) = state
         bch = kernels.linear(x, self.in_proj_weight, self.in_proj_bias, invariant=self.invariant)
-        b, c, h = bch.split(self.hidden, dim=-1)
-        bx = b * h
-        y = torch.empty_like(bx)
         spans = slot_spans(attn, self.kv_group)
+        core = conv_state.device.type == "cpu" and all(
+            isinstance(w, torch.Tensor) and w.dtype == conv_state.dtype
+            for w in (self.conv_weight, bch))
+        b, c, h = bch.split(self.hidden, dim=-1)
+        out = torch.empty_like(b)  # C * conv(B * x)
         for s in spans:
             if s.decode:
                 continue
             if s.fresh:
                 conv_state[s.slot].zero_()
-            if self.invariant:  # the one-token form's sums for every token
-                one = conv_state[s.slot : s.slot + 1]
+            if self.invariant:  # the one-token form for every token, as decode takes it
                 for t in range(s.lo, s.hi):
-                    y[t : t + 1] = causal_conv1d_step(bx[t : t + 1], one, self.conv_weight,
-                                                      self.conv_bias, silu=False)
+                    out[t : t + 1] = self._step(conv_state, torch.tensor([s.slot]), bch[t : t + 1],
+                                                core)
                 continue
-            y[s.lo:s.hi] = causal_conv1d(bx[s.lo:s.hi], conv_state[s.slot], self.conv_weight,
-                                         self.conv_bias, silu=False)
+            conv = causal_conv1d(b[s.lo:s.hi] * h[s.lo:s.hi], conv_state[s.slot],
+                                 self.conv_weight, self.conv_bias, silu=False)
+            out[s.lo:s.hi] = c[s.lo:s.hi] * conv
         index = decode_index(spans, x.device)
         if index is not None:
             rows, slots = index
-            conv = conv_state.index_select(0, slots)
-            y.index_copy_(0, rows, causal_conv1d_step(bx.index_select(0, rows), conv,
-                                                      self.conv_weight, self.conv_bias,
-                                                      silu=False))
-            conv_state.index_copy_(0, slots, conv)
-        return kernels.linear(c * y, self.out_proj_weight, self.out_proj_bias,
+            out.index_copy_(0, rows, self._step(conv_state, slots, bch.index_select(0, rows),
+                                                core))
+        return kernels.linear(out, self.out_proj_weight, self.out_proj_bias,
                               invariant=self.invariant)
+
+    def _step(self, conv_state: torch.Tensor, slots: torch.Tensor, bch: torch.Tensor,
+              core: bool) -> torch.Tensor:
+        """One token of each sequence in ``slots`` (int64 ``[B]``; ``bch``
+        ``[B, 3 H]``): ``C * conv(B * x)`` ``[B, H]``. On the CPU the core's
+        update in place on the slots; else the torch form on the gathered
+        states, written back."""
+        if core:
+            return kernels.short_conv_update(conv_state, slots.cpu(), bch.contiguous(),
+                                             self.conv_weight, self.conv_bias)
+        b, c, h = bch.split(self.hidden, dim=-1)
+        conv = conv_state.index_select(0, slots)
+        y = causal_conv1d_step(b * h, conv, self.conv_weight, self.conv_bias, silu=False)
+        conv_state.index_copy_(0, slots, conv)
+        return c * y
