@@ -41,8 +41,8 @@ def _build(kind: str):
     moe = dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                moe_shared_expert_intermediate_size=48, n_group=4, topk_group=2,
                routed_scaling_factor=2.5, norm_topk_prob=True)
-    if kind == "nemotron_3_latent":
-        moe["moe_latent_size"] = 32
+    if kind == "nemotron_3_latent":  # with biases on the shared expert and the projections
+        moe.update(moe_latent_size=32, mlp_bias=True)
     return tf.NemotronHForCausalLM(tf.NemotronHConfig(**base, **moe, layers_block_type=types))
 
 
@@ -71,6 +71,7 @@ def test_logits_match_hf_over_chunked_prefill_and_decode(nemotron):
     runner = ModelRunner(ModelConfig(model=str(path), dtype="float32"),
                          CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=96), max_num_seqs=4)
     assert runner.kv_layout.group_recurrent == (False, True)
+    assert runner._rope_len() >= runner.max_model_len  # no RoPE: no table to bound it
     assert [c is None for c in runner.kv_caches] == [t in ("mlp", "moe")
                                                     for t in hf.config.layers_block_type]
     kv = _core.KVCacheManager(runner.num_kv_blocks, BLOCK_SIZE,
@@ -174,3 +175,18 @@ def test_routed_relu2_experts_in_one_core_call_match_hf(nemotron):
         _, w, ids = theirs.gate(x)
         ref = theirs.experts(x, ids, w)
     torch.testing.assert_close(ours(x), ref, rtol=0, atol=1e-5)
+
+
+def test_an_untied_head_is_made_on_the_models_device(nemotron):
+    """load_model builds the model on its device: the untied LM head, made
+    while loading, too (the meta device stands in for CUDA here)."""
+    from paternoster import kernels
+    from paternoster.model.loader import load_hf_config, load_model
+
+    kind, path, _ = nemotron
+    if kind != "nemotron_h":
+        pytest.skip("one model suffices")
+    model = load_model(path, load_hf_config(path), torch.float32, kernels,
+                       device=torch.device("meta"))
+    assert model.embed_tokens.device.type == model.lm_head.device.type == "meta"
+    assert model.lm_head is not model.embed_tokens

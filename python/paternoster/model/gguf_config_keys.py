@@ -248,7 +248,8 @@ def nemotron_h_config(keys: Keys, args: dict):
     limit, renormalization and scaling from the ``expert_*`` keys.
 
     Raises:
-        ValueError: a layer with none of the four kinds' tensors.
+        ValueError: a layer with none of the four kinds' tensors, or the
+            latent projection's tensors (not read yet).
     """
     from transformers import NemotronHConfig
 
@@ -257,6 +258,9 @@ def nemotron_h_config(keys: Keys, args: dict):
     layers = args["num_hidden_layers"]
     kv = _kv_per_layer(keys, layers)
     tensors = {t.name: t for shard in gguf_shards(keys.path) for t in gguf_reader(shard).tensors}
+    if any("latent" in name for name in tensors):
+        raise ValueError(f"{keys.path}: Nemotron 3's latent-projection experts are not read "
+                         f"from GGUF files yet; serve the HF checkpoint")
     kinds = (("attn_q.weight", "full_attention"), ("ssm_in.weight", "linear_attention"),
              ("ffn_up_exps.weight", "moe"), ("ffn_up.weight", "mlp"))
     types = []

@@ -159,8 +159,15 @@ class SparseMoeBlock(nn.Module):
         """x ``[T, H]`` -> ``[T, E]`` in x's dtype: ``x @ router_weight.T``
         (``+ router_bias`` when the block has biases); float32 with
         :attr:`Routing.float32_logits`."""
-        out = torch.float32 if self.routing.float32_logits else None
-        return kernels.linear(x, self.router_weight, self.router_bias, out_dtype=out,
+        if not self.routing.float32_logits:
+            return kernels.linear(x, self.router_weight, self.router_bias,
+                                  invariant=self.invariant)
+        if x.device.type != "cpu":  # (kernels.linear rounds to the model dtype there)
+            w = self.router_weight
+            w = w.dequantize(torch.float32) if isinstance(w, QuantizedWeight | WeightParts) else w
+            bias = None if self.router_bias is None else self.router_bias.float()
+            return torch.nn.functional.linear(x.float(), w.float(), bias)
+        return kernels.linear(x, self.router_weight, self.router_bias, out_dtype=torch.float32,
                               invariant=self.invariant)
 
     def core_activation(self) -> tuple[str, float, float] | None:

@@ -99,6 +99,8 @@ class NemotronHMoE(nn.Module):
                                      invariant)
         self.latent_in = _param(latent, h, dtype=dtype) if latent else None
         self.latent_out = _param(h, latent, dtype=dtype) if latent else None
+        self.latent_in_bias = _param(latent, dtype=dtype) if latent and bias else None
+        self.latent_out_bias = _param(h, dtype=dtype) if latent and bias else None
         self.invariant = invariant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -106,10 +108,10 @@ class NemotronHMoE(nn.Module):
         if self.latent_in is None:
             return self.experts(x) + self.shared(x)
         weights, ids = self.experts.route(x)
-        lat = kernels.linear(x, self.latent_in, invariant=self.invariant)
+        lat = kernels.linear(x, self.latent_in, self.latent_in_bias, invariant=self.invariant)
         routed = self.experts.combine(lat, weights, ids)
-        return (kernels.linear(routed, self.latent_out, invariant=self.invariant)
-                + self.shared(x))
+        return (kernels.linear(routed, self.latent_out, self.latent_out_bias,
+                               invariant=self.invariant) + self.shared(x))
 
 
 class NemotronHBlock(nn.Module):
@@ -296,6 +298,8 @@ def _moe_table(m: NemotronHMoE, h: int) -> dict[str, Target]:
     if m.latent_in is not None:
         table["fc1_latent_proj.weight"] = (m, "latent_in", 0, m.latent_in.shape[0], None)
         table["fc2_latent_proj.weight"] = (m, "latent_out", 0, h, None)
+        table["fc1_latent_proj.bias"] = (m, "latent_in_bias", 0, m.latent_in.shape[0], None)
+        table["fc2_latent_proj.bias"] = (m, "latent_out_bias", 0, h, None)
     return table
 
 

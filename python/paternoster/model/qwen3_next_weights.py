@@ -82,8 +82,11 @@ class HybridWeights:
                     continue
                 if not untied_head:
                     shape = (self.config.vocab_size, self.config.hidden_size)
-                    self.lm_head = nn.Parameter(torch.empty(shape, dtype=self.dtype),
-                                                requires_grad=False)
+                    # (on the embedding's device: load_model builds the model
+                    # under torch.device, not this loading)
+                    self.lm_head = nn.Parameter(torch.empty(
+                        shape, dtype=self.dtype, device=self.embed_tokens.device),
+                        requires_grad=False)
                     untied_head = True
             target = self._target(name)
             if target is None:

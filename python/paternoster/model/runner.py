@@ -450,7 +450,10 @@ class ModelRunner:
         return blocks
 
     def _rope_len(self) -> int:
-        return int(self.model.rotary.cos.shape[0])
+        """Positions the RoPE table holds; a model without RoPE (Nemotron-H,
+        Granite 4.0-H) has no such limit: the KV cache's."""
+        rotary = getattr(self.model, "rotary", None)
+        return int(rotary.cos.shape[0]) if rotary is not None else 1 << 30
 
     def _metadata(self, **fields) -> AttentionMetadata:
         """AttentionMetadata with the kernel hints when the ops are ours."""
