@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "paternoster/fused_ops.h"
+#include "scalar_dtype.h"
 
 namespace paternoster {
 
@@ -20,26 +21,8 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
-float load(const void* p, int64_t i, DType dt) {
-  if (dt == DType::kFloat32) return static_cast<const float*>(p)[i];
-  const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-void store(void* p, int64_t i, float f, DType dt) {
-  if (dt == DType::kFloat32) {
-    static_cast<float*>(p)[i] = f;
-    return;
-  }
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  const uint16_t b = (u & 0x7fffffffu) > 0x7f800000u
-                         ? static_cast<uint16_t>((u >> 16) | 0x40)  // quiet NaN
-                         : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  static_cast<uint16_t*>(p)[i] = b;
-}
+using detail::load_elem;
+using detail::store_elem;
 
 // The parts holding rows [start, start + rows) of a weight stored as `parts`.
 std::vector<WeightPart> slice(const std::vector<WeightPart>& parts, int64_t start, int64_t rows,
@@ -229,17 +212,17 @@ void MoeExperts::activate(void* act, const void* gate_up, int64_t rows) const {
   }
   if (activation_ == MoeActivation::kReluSquared) {
     for (int64_t i = 0; i < rows * inter_; ++i) {
-      const float u = std::max(load(gate_up, i, dtype_), 0.0f);
-      store(act, i, u * u, dtype_);
+      const float u = std::max(load_elem(gate_up, i, dtype_), 0.0f);
+      store_elem(act, i, u * u, dtype_);
     }
     return;
   }
   const int64_t I = inter_;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < I; ++i) {
-      const float g = std::min(load(gate_up, r * 2 * I + i, dtype_), limit_);
-      const float u = std::clamp(load(gate_up, r * 2 * I + I + i, dtype_), -limit_, limit_);
-      store(act, r * I + i, (u + 1.0f) * g / (1.0f + std::exp(-alpha_ * g)), dtype_);
+      const float g = std::min(load_elem(gate_up, r * 2 * I + i, dtype_), limit_);
+      const float u = std::clamp(load_elem(gate_up, r * 2 * I + I + i, dtype_), -limit_, limit_);
+      store_elem(act, r * I + i, (u + 1.0f) * g / (1.0f + std::exp(-alpha_ * g)), dtype_);
     }
   }
 }
@@ -337,7 +320,7 @@ void MoeExperts::forward(void* out, const void* x, int64_t num_tokens,
       for (int64_t j = 0; j < n; ++j) add(ps[j] / k, y.data() + j * H, weights[ps[j]]);
     }
   }
-  for (int64_t i = 0; i < T * H; ++i) store(out, i, acc[i], dt);
+  for (int64_t i = 0; i < T * H; ++i) store_elem(out, i, acc[i], dt);
 }
 
 }  // namespace paternoster

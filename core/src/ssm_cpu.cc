@@ -2,13 +2,13 @@
 // paternoster/ssm.h).
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "paternoster/ssm.h"
 #include "paternoster/thread_pool.h"
+#include "scalar_dtype.h"
 
 namespace paternoster {
 
@@ -19,36 +19,9 @@ namespace {
 // Below this many state elements a call runs on the caller alone.
 constexpr int64_t kMinParallelElems = 1 << 16;
 
-float load(const void* p, int64_t i, DType dt) {
-  if (dt == DType::kFloat32) return static_cast<const float*>(p)[i];
-  const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// f rounded to dtype (round to nearest even for bfloat16), as a float.
-float round_to(float f, DType dt) {
-  if (dt == DType::kFloat32) return f;
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return f;  // NaN stays NaN
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  float r;
-  std::memcpy(&r, &u, sizeof r);
-  return r;
-}
-
-void store(void* p, int64_t i, float f, DType dt) {
-  if (dt == DType::kFloat32) {
-    static_cast<float*>(p)[i] = f;
-    return;
-  }
-  uint32_t u;
-  const float r = round_to(f, dt);
-  std::memcpy(&u, &r, sizeof u);
-  static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(u >> 16);
-}
+using detail::load_elem;
+using detail::round_elem;
+using detail::store_elem;
 
 void check_slots(const int64_t* slots, int64_t batch, int64_t num_slots, const char* who) {
   std::vector<bool> seen(static_cast<size_t>(num_slots), false);
@@ -131,19 +104,19 @@ void short_conv_update(void* conv_state, const int64_t* slots, int64_t batch, in
       const int64_t b = item / H, h = item % H;
       const int64_t in = b * 3 * H;
       const float u =
-          round_to(load(bcx, in + h, dtype) * load(bcx, in + 2 * H + h, dtype), dtype);
+          round_elem(load_elem(bcx, in + h, dtype) * load_elem(bcx, in + 2 * H + h, dtype), dtype);
       const int64_t st = (slots[b] * H + h) * S;
       float acc = 0.0f;
       for (int64_t i = 0; i < S; ++i) {
-        acc += load(weight, h * K + i, dtype) * load(conv_state, st + i, dtype);
+        acc += load_elem(weight, h * K + i, dtype) * load_elem(conv_state, st + i, dtype);
       }
-      acc += load(weight, h * K + S, dtype) * u;
-      if (bias) acc += load(bias, h, dtype);
+      acc += load_elem(weight, h * K + S, dtype) * u;
+      if (bias) acc += load_elem(bias, h, dtype);
       for (int64_t i = 0; i + 1 < S; ++i) {
-        store(conv_state, st + i, load(conv_state, st + i + 1, dtype), dtype);
+        store_elem(conv_state, st + i, load_elem(conv_state, st + i + 1, dtype), dtype);
       }
-      store(conv_state, st + S - 1, u, dtype);
-      store(y, b * H + h, load(bcx, in + H + h, dtype) * round_to(acc, dtype), dtype);
+      store_elem(conv_state, st + S - 1, u, dtype);
+      store_elem(y, b * H + h, load_elem(bcx, in + H + h, dtype) * round_elem(acc, dtype), dtype);
     }
   };
   const int64_t items = batch * H;

@@ -497,6 +497,7 @@ def test_hybrid_gguf_logits_match_hf(tmp_path, arch, mtp):
     import transformers as tf
 
     from .gguf_writer_hybrid import write_hybrid_gguf
+    from .hybrid_checks import file_logits_match_hf
     from .test_qwen3_next import MOE, TEXT, _randomize_norms
 
     torch.manual_seed(70)
@@ -517,12 +518,4 @@ def test_hybrid_gguf_logits_match_hf(tmp_path, arch, mtp):
     # q/k/v, z and b/a stay the file's quantized tensors (b, a: F32 rows, dense)
     assert isinstance(net.out_weight, QuantizedWeight) and net.out_weight.mapped
     assert net.tiled == (arch != "qwen3next")
-    tokens = torch.randint(3, 128, (30,), generator=torch.Generator().manual_seed(3)).tolist()
-    maker = BatchMaker(128, BLOCK_SIZE, num_groups=runner.kv_layout.num_groups)
-    outs = [runner.compute_logits(maker.batch([Chunk("a", tokens, 0, 11)])),
-            runner.compute_logits(maker.batch([Chunk("a", tokens, 11, 15)]))]
-    outs += [runner.compute_logits(maker.batch([Chunk("a", tokens, p, 1)]))
-             for p in range(26, 30)]
-    ours = torch.cat(outs)
-    ref = hf_logits(hf, tokens)
-    assert (ours - ref).abs().max() < 1e-4 * ref.abs().max()
+    file_logits_match_hf(runner, hf)

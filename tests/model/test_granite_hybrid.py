@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from paternoster.engine.core import EngineCore
+from paternoster.config import CacheConfig, ModelConfig
 
 from .conftest import engine_greedy, hf_generate
+from .hybrid_checks import hybrid_engine, random_prompts
 from .test_nemotron_h import test_logits_match_hf_over_chunked_prefill_and_decode as _logits
 
 KINDS = ["moe", "dense", "moe-rope"]
@@ -62,15 +62,9 @@ def test_logits_match_hf_over_chunked_prefill_and_decode(granite):
                          ids=["chunked-5", "preempting"])
 def test_engine_greedy_ids_equal_hf_generate(granite, scheduler, budget, blocks):
     kind, path, hf = granite
-    engine = EngineCore(EngineConfig(
-        model=ModelConfig(model=str(path), dtype="float32"),
-        cache=CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=blocks),
-        scheduler=SchedulerConfig(scheduler=scheduler, max_num_seqs=4,
-                                  max_num_batched_tokens=budget)))
-    gen = torch.Generator().manual_seed(9)
+    engine = hybrid_engine(path, scheduler, budget, blocks)
     # 8 blocks of 8 (one attention layer) hold two of these with their growth, not four.
-    lengths = (26, 27, 28, 29) if blocks == 8 else (1, 20, 13, 60)
-    prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in lengths]
+    prompts = random_prompts((26, 27, 28, 29) if blocks == 8 else (1, 20, 13, 60))
     ours = engine_greedy(engine, prompts, 10)
     if blocks == 8:
         assert engine.stats()["num_preemptions_total"] > 0

@@ -9,19 +9,20 @@ prompts, 5-token chunks, preemption, each asserted)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from paternoster import _core
-from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from paternoster.engine.core import EngineCore
+from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.runner import ModelRunner
 
-from .conftest import engine_greedy, hf_generate, hf_logits
-from .test_qwen3_next import _step
+from .conftest import engine_greedy, hf_generate
+from .hybrid_checks import (
+    file_logits_match_hf,
+    hybrid_engine,
+    logits_match_hf,
+    random_prompts,
+)
 
-ATOL = 1e-4
 BLOCK_SIZE = 8
 TYPES = ["conv", "conv", "full_attention", "conv", "full_attention"]
 BASE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=5, num_attention_heads=4,
@@ -67,28 +68,9 @@ def test_logits_match_hf_over_chunked_prefill_and_decode(lfm2):
     assert runner.kv_layout.group_recurrent == (False, True)
     conv_state, = runner.kv_caches[0]
     assert conv_state.shape == (4, 64, 2)  # [slots, H, K - 1]
-    kv = _core.KVCacheManager(runner.num_kv_blocks, BLOCK_SIZE,
-                              sliding_windows=list(runner.kv_cache_group_windows),
-                              recurrent=list(runner.kv_cache_group_recurrent), num_state_slots=4)
-    bb = _core.BatchBuilder(kv)
-    gen = torch.Generator().manual_seed(7)
-    seqs = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (1, 3, 40, 21)]
-    for i, s in enumerate(seqs):
-        bb.add_request(i, np.asarray(s, np.int64))
     # Step 1: one token, then two (shorter than the conv's reach); step 2:
     # the rest; step 3: one decode token each, batched.
-    firsts = [0, 1, 2, 17]
-    _step(runner, kv, bb, [(i, 0, h) for i, h in enumerate(firsts) if h])
-    got = _step(runner, kv, bb, [(i, h, len(s) - h) for i, (s, h) in enumerate(zip(seqs, firsts))])
-    ref = torch.cat([hf_logits(hf, s)[h:] for s, h in zip(seqs, firsts)])
-    assert (got - ref).abs().max().item() < ATOL
-    ends = np.cumsum([len(s) - h for s, h in zip(seqs, firsts)]) - 1
-    nxt = [s + [int(got[e].argmax())] for s, e in zip(seqs, ends)]
-    for i, s in enumerate(nxt):
-        bb.append_tokens(np.array([i], np.int64), np.array([s[-1]], np.int64))
-    got = _step(runner, kv, bb, [(i, len(s) - 1, 1) for i, s in enumerate(nxt)])
-    ref = torch.stack([hf_logits(hf, s)[-1] for s in nxt])
-    assert (got - ref).abs().max().item() < ATOL
+    logits_match_hf(runner, hf, (1, 3, 40, 21), [0, 1, 2, 17])
 
 
 @pytest.mark.parametrize(("scheduler", "budget", "blocks"),
@@ -96,15 +78,9 @@ def test_logits_match_hf_over_chunked_prefill_and_decode(lfm2):
                          ids=["whole-prefill", "chunked-5", "preempting"])
 def test_engine_greedy_ids_equal_hf_generate(lfm2, scheduler, budget, blocks):
     kind, path, hf = lfm2
-    engine = EngineCore(EngineConfig(
-        model=ModelConfig(model=str(path), dtype="float32"),
-        cache=CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=blocks),
-        scheduler=SchedulerConfig(scheduler=scheduler, max_num_seqs=4,
-                                  max_num_batched_tokens=budget)))
-    gen = torch.Generator().manual_seed(9)
+    engine = hybrid_engine(path, scheduler, budget, blocks)
     # 12 blocks of 8 hold three of these at once but not their growth: preemption.
-    lengths = (26, 27, 28, 29) if blocks == 12 else (1, 20, 13, 60)
-    prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in lengths]
+    prompts = random_prompts((26, 27, 28, 29) if blocks == 12 else (1, 20, 13, 60))
     ours = engine_greedy(engine, prompts, 10)
     if blocks == 12:
         assert engine.stats()["num_preemptions_total"] > 0
@@ -164,7 +140,6 @@ def test_gguf_file_as_llama_cpp_writes_it_matches_hf(tmp_path, kind):
     dequantized weights."""
     from paternoster.kernels import QuantizedWeight
 
-    from .conftest import BatchMaker, Chunk
     from .gguf_writer_lfm2 import write_lfm2_gguf
     from .test_gguf import _runner
 
@@ -187,12 +162,4 @@ def test_gguf_file_as_llama_cpp_writes_it_matches_hf(tmp_path, kind):
     assert runner.model.layer_types == TYPES
     assert isinstance(runner.model.layers[0].mixer.in_proj_weight, QuantizedWeight)
     assert runner.model._all_quantized()  # every matrix, the conv layers' too
-    tokens = torch.randint(3, 128, (30,), generator=torch.Generator().manual_seed(3)).tolist()
-    maker = BatchMaker(128, BLOCK_SIZE, num_groups=runner.kv_layout.num_groups)
-    outs = [runner.compute_logits(maker.batch([Chunk("a", tokens, 0, 11)])),
-            runner.compute_logits(maker.batch([Chunk("a", tokens, 11, 15)]))]
-    outs += [runner.compute_logits(maker.batch([Chunk("a", tokens, p, 1)]))
-             for p in range(26, 30)]
-    ours = torch.cat(outs)
-    ref = hf_logits(hf, tokens)
-    assert (ours - ref).abs().max() < 1e-4 * ref.abs().max()
+    file_logits_match_hf(runner, hf)

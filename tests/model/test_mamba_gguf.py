@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import BatchMaker, Chunk, hf_logits
 from .gguf_writer_mamba import write_mamba_gguf
+from .hybrid_checks import file_logits_match_hf
 from .test_gguf import _runner
 
 CASES = {"granite-moe": "granitehybrid", "granite-dense": "granitehybrid",
@@ -50,12 +50,4 @@ def test_converter_layout_file_matches_hf(tmp_path, case):
     runner = _runner(path)
     assert type(runner.model).__name__ == type(hf).__name__
     assert runner.model.layer_types == list(hf.config.layers_block_type)
-    tokens = torch.randint(3, 128, (30,), generator=torch.Generator().manual_seed(3)).tolist()
-    maker = BatchMaker(128, 8, num_groups=runner.kv_layout.num_groups)
-    outs = [runner.compute_logits(maker.batch([Chunk("a", tokens, 0, 11)])),
-            runner.compute_logits(maker.batch([Chunk("a", tokens, 11, 15)]))]
-    outs += [runner.compute_logits(maker.batch([Chunk("a", tokens, p, 1)]))
-             for p in range(26, 30)]
-    ours = torch.cat(outs)
-    ref = hf_logits(hf, tokens)
-    assert (ours - ref).abs().max() < 1e-4 * ref.abs().max()
+    file_logits_match_hf(runner, hf)

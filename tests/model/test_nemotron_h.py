@@ -9,19 +9,16 @@ prompts, 5-token chunks, preemption, each asserted)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from paternoster import _core
-from paternoster.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from paternoster.engine.core import EngineCore
+from paternoster.config import CacheConfig, ModelConfig
 from paternoster.model.runner import ModelRunner
 
-from .conftest import engine_greedy, hf_generate, hf_logits
-from .test_qwen3_next import _invariant_run, _step
+from .conftest import engine_greedy, hf_generate
+from .hybrid_checks import hybrid_engine, logits_match_hf, random_prompts
+from .test_qwen3_next import _invariant_run
 
-ATOL = 1e-4
 BLOCK_SIZE = 8
 KINDS = ["nemotron_h", "nemotron_3", "nemotron_3_latent"]
 
@@ -74,28 +71,9 @@ def test_logits_match_hf_over_chunked_prefill_and_decode(nemotron):
     assert runner._rope_len() >= runner.max_model_len  # no RoPE: no table to bound it
     assert [c is None for c in runner.kv_caches] == [t in ("mlp", "moe")
                                                     for t in hf.config.layers_block_type]
-    kv = _core.KVCacheManager(runner.num_kv_blocks, BLOCK_SIZE,
-                              sliding_windows=list(runner.kv_cache_group_windows),
-                              recurrent=list(runner.kv_cache_group_recurrent), num_state_slots=4)
-    bb = _core.BatchBuilder(kv)
-    gen = torch.Generator().manual_seed(7)
-    seqs = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (1, 5, 60, 37)]
-    for i, s in enumerate(seqs):
-        bb.add_request(i, np.asarray(s, np.int64))
     # Step 1: 0, 2, 25 and 17 tokens; step 2: the rest (chunks of the scan's
     # 16 crossed, from a carried state); step 3: one decode token each.
-    firsts = [0, 2, 25, 17]
-    _step(runner, kv, bb, [(i, 0, h) for i, h in enumerate(firsts) if h])
-    got = _step(runner, kv, bb, [(i, h, len(s) - h) for i, (s, h) in enumerate(zip(seqs, firsts))])
-    ref = torch.cat([hf_logits(hf, s)[h:] for s, h in zip(seqs, firsts)])
-    assert (got - ref).abs().max().item() < ATOL
-    ends = np.cumsum([len(s) - h for s, h in zip(seqs, firsts)]) - 1
-    nxt = [s + [int(got[e].argmax())] for s, e in zip(seqs, ends)]
-    for i, s in enumerate(nxt):
-        bb.append_tokens(np.array([i], np.int64), np.array([s[-1]], np.int64))
-    got = _step(runner, kv, bb, [(i, len(s) - 1, 1) for i, s in enumerate(nxt)])
-    ref = torch.stack([hf_logits(hf, s)[-1] for s in nxt])
-    assert (got - ref).abs().max().item() < ATOL
+    logits_match_hf(runner, hf, (1, 5, 60, 37), [0, 2, 25, 17])
 
 
 @pytest.mark.parametrize(("scheduler", "budget", "blocks"),
@@ -105,15 +83,9 @@ def test_engine_greedy_ids_equal_hf_generate(nemotron, scheduler, budget, blocks
     kind, path, hf = nemotron
     if kind == "nemotron_3_latent" and scheduler != "chunked_prefill":
         pytest.skip("the latent projection's engine case: chunked prefill suffices")
-    engine = EngineCore(EngineConfig(
-        model=ModelConfig(model=str(path), dtype="float32"),
-        cache=CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=blocks),
-        scheduler=SchedulerConfig(scheduler=scheduler, max_num_seqs=4,
-                                  max_num_batched_tokens=budget)))
-    gen = torch.Generator().manual_seed(9)
+    engine = hybrid_engine(path, scheduler, budget, blocks)
     # 12 blocks of 8 hold three of these at once but not their growth: preemption.
-    lengths = (26, 27, 28, 29) if blocks == 12 else (1, 20, 13, 60)
-    prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in lengths]
+    prompts = random_prompts((26, 27, 28, 29) if blocks == 12 else (1, 20, 13, 60))
     ours = engine_greedy(engine, prompts, 10)
     if blocks == 12:
         assert engine.stats()["num_preemptions_total"] > 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import pytest
 import torch
 
@@ -21,9 +20,9 @@ from paternoster.engine.core import EngineCore
 from paternoster.model.kv_layout import KVCacheLayout, kv_cache_layout
 from paternoster.model.runner import ModelRunner
 
-from .conftest import engine_greedy, hf_generate, hf_logits
+from .conftest import engine_greedy, hf_generate
+from .hybrid_checks import hybrid_engine, logits_match_hf, random_prompts
 
-ATOL = 1e-4
 BLOCK_SIZE = 8
 TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -72,47 +71,16 @@ def hybrid(request, tmp_path_factory):
     return request.param, path, model.eval()
 
 
-def _step(runner, kv, bb, steps: list[tuple[int, int, int]]) -> torch.Tensor:
-    """One step of (request id, computed, scheduled) through the C++ manager
-    and batch builder; logits of every scheduled token."""
-    ids = np.array([r for r, _, _ in steps], np.int64)
-    done = np.array([c for _, c, _ in steps], np.int32)
-    new = np.array([n for _, _, n in steps], np.int32)
-    for r, c, n in steps:
-        assert kv.allocate_slots(r, c + n, c)
-    batch = bb.build(ids, done, new)
-    batch["logits_indices"] = np.arange(len(batch["input_ids"]), dtype=np.int64)
-    return runner.compute_logits(batch)
-
-
 def test_logits_match_hf_over_chunked_prefill_and_decode(hybrid):
     kind, path, hf = hybrid
     runner = ModelRunner(ModelConfig(model=str(path), dtype="float32"),
                          CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=96), max_num_seqs=4)
     assert runner.num_state_slots == 4
     assert runner.kv_layout.group_recurrent == (False, True)
-    kv = _core.KVCacheManager(runner.num_kv_blocks, BLOCK_SIZE,
-                              sliding_windows=list(runner.kv_cache_group_windows),
-                              recurrent=list(runner.kv_cache_group_recurrent), num_state_slots=4)
-    bb = _core.BatchBuilder(kv)
-    gen = torch.Generator().manual_seed(7)
-    seqs = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (1, 37, 150, 91)]
-    for i, s in enumerate(seqs):
-        bb.add_request(i, np.asarray(s, np.int64))
-    halves = [len(s) // 2 for s in seqs]
     # Step 1: first halves; step 2: the rest (a 1-token prompt, chunks that
     # cross the 64-token chunk); step 3: one decode token each, batched.
-    _step(runner, kv, bb, [(i, 0, h) for i, h in enumerate(halves) if h])
-    got = _step(runner, kv, bb, [(i, h, len(s) - h) for i, (s, h) in enumerate(zip(seqs, halves))])
-    ref = torch.cat([hf_logits(hf, s)[h:] for s, h in zip(seqs, halves)])
-    assert (got - ref).abs().max().item() < ATOL
-    nxt = [s + [int(got[sum(len(t) - h for t, h in zip(seqs[:i + 1], halves[:i + 1])) - 1]
-                    .argmax())] for i, s in enumerate(seqs)]
-    for i, s in enumerate(nxt):
-        bb.append_tokens(np.array([i], np.int64), np.array([s[-1]], np.int64))
-    got = _step(runner, kv, bb, [(i, len(s) - 1, 1) for i, s in enumerate(nxt)])
-    ref = torch.stack([hf_logits(hf, s)[-1] for s in nxt])
-    assert (got - ref).abs().max().item() < ATOL
+    lengths = (1, 37, 150, 91)
+    logits_match_hf(runner, hf, lengths, [n // 2 for n in lengths])
 
 
 @pytest.mark.parametrize(("scheduler", "budget", "blocks"),
@@ -122,15 +90,9 @@ def test_engine_greedy_ids_equal_hf_generate(hybrid, scheduler, budget, blocks):
     kind, path, hf = hybrid
     if kind == "qwen3_5_vl" and scheduler != "chunked_prefill":
         pytest.skip("the text tower is the Qwen3.5 model; one engine case checks its loading")
-    engine = EngineCore(EngineConfig(
-        model=ModelConfig(model=str(path), dtype="float32"),
-        cache=CacheConfig(block_size=BLOCK_SIZE, num_kv_blocks=blocks),
-        scheduler=SchedulerConfig(scheduler=scheduler, max_num_seqs=4,
-                                  max_num_batched_tokens=budget)))
-    gen = torch.Generator().manual_seed(9)
+    engine = hybrid_engine(path, scheduler, budget, blocks)
     # 16 blocks of 8 hold three of these at once but not their growth: preemption.
-    lengths = (36, 37, 38, 39) if blocks == 16 else (1, 20, 13, 90)
-    prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in lengths]
+    prompts = random_prompts((36, 37, 38, 39) if blocks == 16 else (1, 20, 13, 90))
     ours = engine_greedy(engine, prompts, 10)
     if blocks == 16:
         assert engine.stats()["num_preemptions_total"] > 0

@@ -21,16 +21,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from paternoster import kernels
 from paternoster.model.attention import AttentionMetadata, AttentionOps
-from paternoster.model.kv_layout import KVCacheLayout, kv_cache_layout
+from paternoster.model.hybrid_model import HybridCausalLM
+from paternoster.model.kv_layout import kv_cache_layout
 from paternoster.model.llama import LlamaAttention, LlamaMLP, RMSNorm, Rope, embed
 from paternoster.model.llama_weights import _expert_target, layer_name
 from paternoster.model.mamba2 import Mamba2Mixer
 from paternoster.model.moe import SparseMoeBlock
 from paternoster.model.nemotron_h import ATTENTION, MAMBA, _attention_table, _mamba_table
 from paternoster.model.qwen3_next import _with
-from paternoster.model.qwen3_next_weights import HybridWeights, Target
+from paternoster.model.qwen3_next_weights import Target
 from paternoster.model.rope import RotaryEmbedding, rope_parameters
 
 
@@ -74,7 +74,7 @@ class GraniteHybridLayer(nn.Module):
         return h + ffn * self.residual_multiplier
 
 
-class GraniteMoeHybridForCausalLM(HybridWeights, nn.Module):
+class GraniteMoeHybridForCausalLM(HybridCausalLM):
     """Granite 4.0-H over a flattened batch (see the module docstring).
 
     Args and attributes as :class:`~paternoster.model.llama.LlamaForCausalLM`;
@@ -84,7 +84,6 @@ class GraniteMoeHybridForCausalLM(HybridWeights, nn.Module):
             activation other than silu, or what the layers raise.
     """
 
-    fused_steps = False
     torch_ops_elementwise = True
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
@@ -124,24 +123,6 @@ class GraniteMoeHybridForCausalLM(HybridWeights, nn.Module):
                              f"(the hub's 'mamba' / 'attention'), got {types}")
         return types
 
-    def set_kv_cache_layout(self, layout: KVCacheLayout) -> None:
-        """Give each layer's mixer its KV cache group.
-
-        Raises:
-            ValueError: a layout for another number of layers.
-        """
-        if len(layout.layer_groups) != len(self.layers):
-            raise ValueError(f"KV cache layout for {len(layout.layer_groups)} layers, "
-                             f"the model has {len(self.layers)}")
-        for layer, group in zip(self.layers, layout.layer_groups, strict=True):
-            layer.mixer.kv_group = group
-        self.kv_cache_layout = layout
-
-    def core_only_step(self, num_tokens: int) -> bool:
-        """Whether a CPU step of ``num_tokens`` tokens runs only the core's
-        matmul kernels (for the runner's thread polling)."""
-        return kernels.core_runs_matmuls(num_tokens) or self.batch_invariant
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata, kv_caches: list) -> torch.Tensor:
         """int64[T] ids and positions -> ``[T, H]`` final hidden states."""
@@ -152,13 +133,9 @@ class GraniteMoeHybridForCausalLM(HybridWeights, nn.Module):
             x = layer(rope, x, cache, attn)
         return self.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden ``[N, H]`` -> float32 logits ``[N, V]``, divided by
-        ``logits_scaling``."""
-        logits = kernels.linear(hidden, self.lm_head, out_dtype=torch.float32,
-                                invariant=self.batch_invariant)
-        scale = float(self.config.logits_scaling)
-        return logits if scale == 1.0 else logits / scale
+    def logits_divisor(self) -> float:
+        """Granite's ``logits_scaling``."""
+        return float(self.config.logits_scaling)
 
     def _target(self, name: str) -> Target | None:
         """HF's names onto our parameters (see HybridWeights); the experts'

@@ -25,13 +25,14 @@ from torch import nn
 
 from paternoster import kernels
 from paternoster.model.attention import AttentionMetadata, AttentionOps
-from paternoster.model.kv_layout import KVCacheLayout, kv_cache_layout
+from paternoster.model.hybrid_model import HybridCausalLM
+from paternoster.model.kv_layout import kv_cache_layout
 from paternoster.model.llama import LlamaAttention, embed
 from paternoster.model.llama_weights import layer_name
 from paternoster.model.mamba2 import Mamba2Mixer
 from paternoster.model.moe import Routing, SparseMoeBlock
 from paternoster.model.olmo2 import OlmoRMSNorm
-from paternoster.model.qwen3_next_weights import HybridWeights, Target
+from paternoster.model.qwen3_next_weights import Target
 
 MAMBA, ATTENTION, MLP, MOE = "linear_attention", "full_attention", "mlp", "moe"
 
@@ -148,7 +149,7 @@ class NemotronHBlock(nn.Module):
         return x + y
 
 
-class NemotronHForCausalLM(HybridWeights, nn.Module):
+class NemotronHForCausalLM(HybridCausalLM):
     """Nemotron-H / Nemotron 3 over a flattened batch (see the module docstring).
 
     Args and attributes as :class:`~paternoster.model.llama.LlamaForCausalLM`;
@@ -158,7 +159,6 @@ class NemotronHForCausalLM(HybridWeights, nn.Module):
             relu² / silu, or what the layers raise.
     """
 
-    fused_steps = False
     torch_ops_elementwise = True
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
@@ -190,24 +190,9 @@ class NemotronHForCausalLM(HybridWeights, nn.Module):
                              f"{MOE!r}, got {types}")
         return types
 
-    def set_kv_cache_layout(self, layout: KVCacheLayout) -> None:
-        """Give each attention and Mamba layer its KV cache group.
-
-        Raises:
-            ValueError: a layout for another number of layers.
-        """
-        if len(layout.layer_groups) != len(self.layers):
-            raise ValueError(f"KV cache layout for {len(layout.layer_groups)} layers, "
-                             f"the model has {len(self.layers)}")
-        for layer, group in zip(self.layers, layout.layer_groups, strict=True):
-            if layer.kind in (MAMBA, ATTENTION):
-                layer.mixer.kv_group = group
-        self.kv_cache_layout = layout
-
-    def core_only_step(self, num_tokens: int) -> bool:
-        """Whether a CPU step of ``num_tokens`` tokens runs only the core's
-        matmul kernels (for the runner's thread polling)."""
-        return kernels.core_runs_matmuls(num_tokens) or self.batch_invariant
+    def cached_mixer(self, layer: nn.Module) -> nn.Module | None:
+        """The Mamba2 or attention mixer; None for the MLP and MoE blocks."""
+        return layer.mixer if layer.kind in (MAMBA, ATTENTION) else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata, kv_caches: list) -> torch.Tensor:
@@ -217,11 +202,6 @@ class NemotronHForCausalLM(HybridWeights, nn.Module):
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cache, attn)
         return self.norm(x)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden ``[N, H]`` -> float32 logits ``[N, V]`` (as the Llama model's)."""
-        return kernels.linear(hidden, self.lm_head, out_dtype=torch.float32,
-                              invariant=self.batch_invariant)
 
     def _target(self, name: str) -> Target | None:
         """HF's ``backbone.*`` names onto our parameters (see HybridWeights)."""

@@ -31,10 +31,10 @@ from paternoster import kernels
 from paternoster.model.attention import AttentionMetadata, AttentionOps
 from paternoster.model.gated_deltanet import GatedDeltaNet
 from paternoster.model.gemma3 import GemmaRMSNorm
-from paternoster.model.kv_layout import KVCacheLayout, kv_cache_layout
+from paternoster.model.hybrid_model import HybridCausalLM
+from paternoster.model.kv_layout import kv_cache_layout
 from paternoster.model.llama import KVCache, LlamaAttention, LlamaMLP, embed
 from paternoster.model.moe import SparseMoeBlock
-from paternoster.model.qwen3_next_weights import HybridWeights
 from paternoster.model.rope import RotaryEmbedding, rope_parameters
 from paternoster.model.rowwise import rowwise
 
@@ -157,7 +157,7 @@ class HybridDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Qwen3NextForCausalLM(HybridWeights, nn.Module):
+class Qwen3NextForCausalLM(HybridCausalLM):
     """Qwen3-Next / Qwen3.5 over a flattened batch (see the module docstring).
 
     Args and attributes as :class:`~paternoster.model.llama.LlamaForCausalLM`;
@@ -172,7 +172,6 @@ class Qwen3NextForCausalLM(HybridWeights, nn.Module):
     moe_every_layer = False
     #: Renormalize the top-k routing weights (Qwen3-Next reads the config).
     always_norm_topk = False
-    fused_steps = False
 
     def __init__(self, config, dtype: torch.dtype, ops: AttentionOps,
                  max_positions: int | None = None, batch_invariant: bool = False) -> None:
@@ -205,25 +204,9 @@ class Qwen3NextForCausalLM(HybridWeights, nn.Module):
             return SharedExpertMoe(config, dtype, invariant, norm)
         return LlamaMLP(config, dtype, invariant)
 
-    def set_kv_cache_layout(self, layout: KVCacheLayout) -> None:
-        """Give each attention layer its KV cache group and each linear layer
-        the recurrent-state group.
-
-        Raises:
-            ValueError: a layout for another number of layers.
-        """
-        if len(layout.layer_groups) != len(self.layers):
-            raise ValueError(f"KV cache layout for {len(layout.layer_groups)} layers, "
-                             f"the model has {len(self.layers)}")
-        for layer, group in zip(self.layers, layout.layer_groups, strict=True):
-            mixer = layer.linear_attn if layer.kind == LINEAR else layer.self_attn
-            mixer.kv_group = group
-        self.kv_cache_layout = layout
-
-    def core_only_step(self, num_tokens: int) -> bool:
-        """Whether a CPU step of ``num_tokens`` tokens runs only the core's
-        matmul kernels (for the runner's thread polling)."""
-        return kernels.core_runs_matmuls(num_tokens) or self.batch_invariant
+    def cached_mixer(self, layer: nn.Module) -> nn.Module:
+        """The layer's Gated DeltaNet or attention."""
+        return layer.linear_attn if layer.kind == LINEAR else layer.self_attn
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attn: AttentionMetadata, kv_caches: list) -> torch.Tensor:
@@ -234,11 +217,6 @@ class Qwen3NextForCausalLM(HybridWeights, nn.Module):
         for layer, cache in zip(self.layers, kv_caches, strict=True):
             x = layer(rope, x, cache, attn)
         return self.norm(x)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden ``[N, H]`` -> float32 logits ``[N, V]`` (as the Llama model's)."""
-        return kernels.linear(hidden, self.lm_head, out_dtype=torch.float32,
-                              invariant=self.batch_invariant)
 
 
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):  # noqa: N801 - HF's class name
